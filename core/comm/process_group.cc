@@ -1,0 +1,244 @@
+#include "core/comm/process_group.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+#include <stdexcept>
+
+#include "core/comm/internal/process_group_impl.h"
+
+namespace fsdp2 {
+namespace comm {
+namespace {
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+void CheckContiguous(const at::Tensor& t, const char* what, const char* op) {
+  TORCH_CHECK(t.defined() && t.is_contiguous(), op, ": ", what,
+              " must be a defined, contiguous tensor");
+}
+
+void Wait(const c10::intrusive_ptr<::c10d::Work>& work,
+          std::chrono::milliseconds timeout) {
+  if (!work->wait(timeout)) {
+    throw std::runtime_error("timed out after " +
+                             std::to_string(timeout.count()) + " ms");
+  }
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+ProcessGroup::~ProcessGroup() {
+  // Stop the workers (draining queued work) before the communicators go.
+  for (auto& lane : impl_->lanes) lane.reset();
+}
+
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const {
+  return static_cast<int>(impl_->global_ranks.size());
+}
+const std::string& ProcessGroup::name() const { return impl_->name; }
+const std::vector<int>& ProcessGroup::global_ranks() const {
+  return impl_->global_ranks;
+}
+std::string ProcessGroup::backend() const {
+  return impl_->backends[0]->getBackendName();
+}
+std::chrono::milliseconds ProcessGroup::timeout() const {
+  return impl_->timeout;
+}
+int64_t ProcessGroup::bytes_sent() const { return impl_->bytes_sent.load(); }
+
+CommHandle ProcessGroup::submit(Lane lane, std::function<void()> fn) {
+  return impl_->lanes[static_cast<int>(lane)]->submit(std::move(fn));
+}
+
+namespace {
+
+// Runs `body` as collective `op` on `lane`, rethrowing any failure with the
+// rank, collective and group in the message.
+CommHandle RunCollective(ProcessGroup::Impl* impl, Lane lane, const char* op,
+                         std::function<void(internal::C10dBackend&)> body) {
+  auto* backend = impl->backends[static_cast<int>(lane)].get();
+  std::string where = [&] {
+    std::ostringstream s;
+    s << "fsdp2: rank " << impl->world_rank << " (rank " << impl->rank
+      << " of " << impl->global_ranks.size() << " in group '" << impl->name
+      << "'): " << op << " failed: ";
+    return s.str();
+  }();
+  return impl->lanes[static_cast<int>(lane)]->submit(
+      [backend, body = std::move(body), where = std::move(where)] {
+        try {
+          body(*backend);
+        } catch (const c10::Error& e) {
+          throw std::runtime_error(where + e.what_without_backtrace());
+        } catch (const std::exception& e) {
+          throw std::runtime_error(where + e.what());
+        }
+      });
+}
+
+bool HasNativeFlatCollectives(const internal::C10dBackend& backend) {
+  return backend.getBackendName() == "nccl";
+}
+
+// Gloo in LibTorch 1.13 cannot reduce 16-bit floats: reduce those in fp32.
+void AllReduceInPlace(internal::C10dBackend& backend, at::Tensor tensor,
+                      ::c10d::ReduceOp op, std::chrono::milliseconds timeout) {
+  const bool upcast = backend.getBackendName() == "gloo" &&
+                      (tensor.scalar_type() == at::kBFloat16 ||
+                       tensor.scalar_type() == at::kHalf);
+  std::vector<at::Tensor> tensors{upcast ? tensor.to(at::kFloat) : tensor};
+  ::c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  Wait(backend.allreduce(tensors, opts), timeout);
+  if (upcast) tensor.copy_(tensors[0]);
+}
+
+}  // namespace
+
+CommHandle ProcessGroup::all_gather_into_flat(at::Tensor output,
+                                              at::Tensor input, Lane lane) {
+  CheckContiguous(output, "output", "all_gather_into_flat");
+  CheckContiguous(input, "input", "all_gather_into_flat");
+  const int world = size();
+  TORCH_CHECK(output.numel() == input.numel() * world,
+              "all_gather_into_flat: output has ", output.numel(),
+              " elements, expected ", world, " x ", input.numel());
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(),
+              "all_gather_into_flat: dtypes differ");
+  Impl* impl = impl_.get();
+  impl->bytes_sent += input.nbytes() * (world - 1);
+  return RunCollective(
+      impl, lane, "all_gather", [impl, output, input, world](auto& backend) {
+        const int rank = impl->rank;
+        auto chunks = output.view({world, -1});
+        if (world == 1) {
+          chunks[0].copy_(input.view(-1));
+          return;
+        }
+        if (HasNativeFlatCollectives(backend)) {
+          at::Tensor out = output, in = input;
+          Wait(backend._allgather_base(out, in), impl->timeout);
+          return;
+        }
+        // Ring: in step s every rank forwards the chunk it received in step
+        // s-1 to its right neighbour; W-1 steps, no extra buffers.
+        chunks[rank].copy_(input.view(-1));
+        const int right = Mod(rank + 1, world), left = Mod(rank - 1, world);
+        for (int step = 0; step < world - 1; ++step) {
+          std::vector<at::Tensor> send{chunks[Mod(rank - step, world)]};
+          std::vector<at::Tensor> recv{chunks[Mod(rank - step - 1, world)]};
+          auto recv_work = backend.recv(recv, left, /*tag=*/step);
+          auto send_work = backend.send(send, right, /*tag=*/step);
+          Wait(recv_work, impl->timeout);
+          Wait(send_work, impl->timeout);
+        }
+      });
+}
+
+CommHandle ProcessGroup::reduce_scatter_flat(at::Tensor output,
+                                             at::Tensor input, Lane lane,
+                                             ReduceScatterAlgorithm algorithm) {
+  CheckContiguous(output, "output", "reduce_scatter_flat");
+  CheckContiguous(input, "input", "reduce_scatter_flat");
+  const int world = size();
+  TORCH_CHECK(input.numel() == output.numel() * world,
+              "reduce_scatter_flat: input has ", input.numel(),
+              " elements, expected ", world, " x ", output.numel());
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(),
+              "reduce_scatter_flat: dtypes differ");
+  Impl* impl = impl_.get();
+  const bool use_all_reduce = algorithm == ReduceScatterAlgorithm::kAllReduce;
+  impl->bytes_sent +=
+      output.nbytes() * (world - 1) * (use_all_reduce ? 2 : 1);
+  return RunCollective(
+      impl, lane, "reduce_scatter",
+      [impl, output, input, world, algorithm](auto& backend) {
+        const int rank = impl->rank;
+        auto chunks = input.view({world, -1});
+        if (world == 1) {
+          output.view(-1).copy_(chunks[0]);
+          return;
+        }
+        if (algorithm == ReduceScatterAlgorithm::kAllReduce) {
+          AllReduceInPlace(backend, input, ::c10d::ReduceOp::SUM, impl->timeout);
+          output.view(-1).copy_(chunks[rank]);
+          return;
+        }
+        if (algorithm == ReduceScatterAlgorithm::kAuto &&
+            HasNativeFlatCollectives(backend)) {
+          at::Tensor out = output, in = input;
+          Wait(backend._reduce_scatter_base(out, in), impl->timeout);
+          return;
+        }
+        // Ring: in step s rank r sends its partial sum of chunk r-s-1 to the
+        // right and adds the left neighbour's partial sum of chunk r-s-2.
+        // After W-1 steps chunk r holds the full sum on rank r. Each rank
+        // sends (W-1)/W of the input, half of what a ring all-reduce sends.
+        at::Tensor incoming = at::empty_like(chunks[0]);
+        const int right = Mod(rank + 1, world), left = Mod(rank - 1, world);
+        for (int step = 0; step < world - 1; ++step) {
+          const int send_chunk = Mod(rank - step - 1, world);
+          const int recv_chunk = Mod(rank - step - 2, world);
+          std::vector<at::Tensor> send{chunks[send_chunk]};
+          std::vector<at::Tensor> recv{incoming};
+          auto recv_work = backend.recv(recv, left, /*tag=*/step);
+          auto send_work = backend.send(send, right, /*tag=*/step);
+          Wait(recv_work, impl->timeout);
+          Wait(send_work, impl->timeout);
+          chunks[recv_chunk].add_(incoming);
+        }
+        output.view(-1).copy_(chunks[rank]);
+      });
+}
+
+CommHandle ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op,
+                                    Lane lane) {
+  CheckContiguous(tensor, "tensor", "all_reduce");
+  Impl* impl = impl_.get();
+  impl->bytes_sent += 2 * tensor.nbytes() * (size() - 1) / std::max(1, size());
+  return RunCollective(impl, lane, "all_reduce", [impl, tensor, op](auto& b) {
+    if (impl->global_ranks.size() == 1) return;
+    AllReduceInPlace(b, tensor,
+                     op == ReduceOp::kSum ? ::c10d::ReduceOp::SUM
+                                          : ::c10d::ReduceOp::MAX,
+                     impl->timeout);
+  });
+}
+
+CommHandle ProcessGroup::broadcast(at::Tensor tensor, int root, Lane lane) {
+  CheckContiguous(tensor, "tensor", "broadcast");
+  TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root,
+              " is not a rank of a group of size ", size());
+  Impl* impl = impl_.get();
+  if (impl->rank == root) impl->bytes_sent += tensor.nbytes() * (size() - 1);
+  return RunCollective(impl, lane, "broadcast",
+                       [impl, tensor, root](auto& b) {
+                         if (impl->global_ranks.size() == 1) return;
+                         // Pure data movement: bfloat16, which Gloo 1.13
+                         // rejects, travels bit for bit as float16.
+                         std::vector<at::Tensor> tensors{
+                             tensor.scalar_type() == at::kBFloat16
+                                 ? tensor.view(at::kHalf)
+                                 : tensor};
+                         ::c10d::BroadcastOptions opts;
+                         opts.rootRank = root;
+                         Wait(b.broadcast(tensors, opts), impl->timeout);
+                       });
+}
+
+CommHandle ProcessGroup::barrier(Lane lane) {
+  Impl* impl = impl_.get();
+  return RunCollective(impl, lane, "barrier", [impl](auto& b) {
+    if (impl->global_ranks.size() == 1) return;
+    Wait(b.barrier(), impl->timeout);
+  });
+}
+
+}  // namespace comm
+}  // namespace fsdp2

@@ -1,0 +1,95 @@
+// fsdp2/core/comm/process_group.h
+//
+// ProcessGroup: a set of ranks and the collectives FSDP needs over them.
+//
+// Contract:
+//  - Every collective is asynchronous and returns a CommHandle; the caller
+//    waits on it before reading the output or reusing the input.
+//  - Collectives run on one of two lanes (kDefault for parameter all-gathers
+//    and general use, kGradient for gradient reductions). Each lane has its own
+//    c10d communicator and worker thread, so an all-gather can overlap a
+//    reduce-scatter. Within a lane, operations run in issue order; every rank
+//    must issue the same operations on the same lane in the same order.
+//  - Errors (including a peer that does not answer within the timeout) are
+//    raised from CommHandle::wait() as std::runtime_error whose message names
+//    this rank, the collective, the group and the cause.
+//  - Reductions are sums. Backends without AVG (Gloo) are averaged by the
+//    caller: sum, then divide.
+#ifndef FSDP2_CORE_COMM_PROCESS_GROUP_H_
+#define FSDP2_CORE_COMM_PROCESS_GROUP_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/comm/comm_handle.h"
+
+namespace fsdp2 {
+namespace comm {
+
+enum class Lane { kDefault = 0, kGradient = 1 };
+constexpr int kNumLanes = 2;
+
+enum class ReduceOp { kSum, kMax };
+
+// How reduce_scatter is carried out where the backend has no native one.
+enum class ReduceScatterAlgorithm {
+  kAuto,       // the backend's own if it has one, else kRing
+  kRing,       // ring of send/recv: each rank sends (W-1)/W of the input
+  kAllReduce,  // all-reduce the whole input, keep this rank's slice
+};
+
+class ProcessGroup {
+ public:
+  struct Impl;
+  // Built by World::new_group(); users do not construct groups directly.
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;  // this process's rank within the group
+  int size() const;
+  const std::string& name() const;
+  const std::vector<int>& global_ranks() const;  // group rank -> world rank
+  std::string backend() const;
+  std::chrono::milliseconds timeout() const;
+
+  // output (size() * n elements, contiguous) receives every rank's input
+  // (n elements, contiguous) in rank order. Same dtype and device.
+  CommHandle all_gather_into_flat(at::Tensor output, at::Tensor input,
+                                  Lane lane = Lane::kDefault);
+
+  // input (size() * n elements, contiguous) is summed elementwise across
+  // ranks; output (n elements) receives slice rank() of the sum. `input` is
+  // used as scratch space and holds unspecified values afterwards.
+  CommHandle reduce_scatter_flat(
+      at::Tensor output, at::Tensor input, Lane lane = Lane::kGradient,
+      ReduceScatterAlgorithm algorithm = ReduceScatterAlgorithm::kAuto);
+
+  CommHandle all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum,
+                        Lane lane = Lane::kDefault);
+  CommHandle broadcast(at::Tensor tensor, int root, Lane lane = Lane::kDefault);
+  CommHandle barrier(Lane lane = Lane::kDefault);
+
+  // Runs `fn` on `lane` after the operations already queued there: a way to
+  // chain host work (copies, a second collective) behind a collective.
+  CommHandle submit(Lane lane, std::function<void()> fn);
+
+  // Bytes this rank has sent through this group's collectives, for
+  // benchmarks comparing algorithms (ring collectives count exactly; native
+  // collectives count the bandwidth-optimal ring volume).
+  int64_t bytes_sent() const;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace comm
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_COMM_PROCESS_GROUP_H_

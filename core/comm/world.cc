@@ -1,0 +1,214 @@
+#include "core/comm/world.h"
+
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/process_group_impl.h"
+
+namespace fsdp2 {
+namespace comm {
+namespace {
+
+int EnvInt(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  long parsed = std::strtol(value, &end, 10);
+  if (*end != '\0') {
+    throw std::invalid_argument(std::string("environment variable ") + name +
+                                "='" + value + "' is not an integer");
+  }
+  return static_cast<int>(parsed);
+}
+
+std::string EnvString(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return (value == nullptr || *value == '\0') ? fallback : std::string(value);
+}
+
+std::vector<uint8_t> Bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+bool IsLoopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+}  // namespace
+
+RendezvousOptions RendezvousOptions::FromEnv() {
+  RendezvousOptions o;
+  o.rank = EnvInt("RANK", 0);
+  o.world_size = EnvInt("WORLD_SIZE", 1);
+  o.master_addr = EnvString("MASTER_ADDR", o.master_addr);
+  o.master_port = EnvInt("MASTER_PORT", o.master_port);
+  o.store_path = EnvString("FSDP2_STORE_PATH", "");
+  o.timeout = std::chrono::seconds(EnvInt("FSDP2_TIMEOUT_S", 300));
+  o.backend = EnvString("FSDP2_BACKEND", o.backend);
+  return o;
+}
+
+struct World::Impl {
+  RendezvousOptions options;
+  c10::intrusive_ptr<::c10d::Store> store;
+  std::shared_ptr<::gloo::transport::Device> gloo_device;
+  int groups_created = 0;
+};
+
+World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+World::~World() { group_.reset(); }
+
+int World::rank() const { return impl_->options.rank; }
+int World::size() const { return impl_->options.world_size; }
+const RendezvousOptions& World::options() const { return impl_->options; }
+const std::shared_ptr<ProcessGroup>& World::group() const { return group_; }
+
+void World::store_set(const std::string& key, const std::string& value) {
+  impl_->store->set("fsdp2/user/" + key, Bytes(value));
+}
+
+std::string World::store_get(const std::string& key) {
+  auto v = impl_->store->get("fsdp2/user/" + key);
+  return std::string(v.begin(), v.end());
+}
+
+std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
+  const int rank = options.rank, world_size = options.world_size;
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    std::ostringstream msg;
+    msg << "fsdp2: invalid rendezvous: rank " << rank << " with world size "
+        << world_size << " (need 0 <= rank < world size)";
+    throw std::invalid_argument(msg.str());
+  }
+  if (options.backend != "gloo" && options.backend != "nccl") {
+    throw std::invalid_argument("fsdp2: unknown backend '" + options.backend +
+                                "' (expected gloo or nccl)");
+  }
+#ifndef USE_C10D_NCCL
+  if (options.backend == "nccl") {
+    throw std::invalid_argument(
+        "fsdp2: backend 'nccl' needs a CUDA build of LibTorch; this build "
+        "has only gloo");
+  }
+#endif
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  const std::string where = "fsdp2: rank " + std::to_string(rank) + ": ";
+  try {
+    if (!options.store_path.empty()) {
+      impl->store =
+          c10::make_intrusive<::c10d::FileStore>(options.store_path, world_size);
+    } else {
+      ::c10d::TCPStoreOptions tcp;
+      tcp.port = static_cast<uint16_t>(options.master_port);
+      tcp.isServer = rank == 0;
+      tcp.numWorkers = world_size;
+      tcp.waitWorkers = false;
+      tcp.timeout = options.timeout;
+      impl->store =
+          c10::make_intrusive<::c10d::TCPStore>(options.master_addr, tcp);
+    }
+    impl->store->setTimeout(options.timeout);
+
+    // Every rank must have been started with the same world size; rank 0
+    // publishes its own and the others compare.
+    if (rank == 0) {
+      impl->store->set("fsdp2/world_size", Bytes(std::to_string(world_size)));
+    }
+    auto theirs = impl->store->get("fsdp2/world_size");
+    int rank0_world = std::stoi(std::string(theirs.begin(), theirs.end()));
+    if (rank0_world != world_size) {
+      std::ostringstream msg;
+      msg << "world size mismatch: this rank was started with WORLD_SIZE="
+          << world_size << " but rank 0 with WORLD_SIZE=" << rank0_world;
+      throw std::runtime_error(msg.str());
+    }
+    if (options.backend == "gloo") {
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      if (ifname != nullptr && *ifname != '\0') {
+        impl->gloo_device =
+            ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+      } else if (options.store_path.empty() &&
+                 !IsLoopback(options.master_addr)) {
+        impl->gloo_device = ::c10d::ProcessGroupGloo::createDefaultDevice();
+      } else {
+        impl->gloo_device =
+            ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+      }
+    }
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(where + "rendezvous failed: " +
+                             e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(where + "rendezvous failed: " + e.what());
+  }
+  std::shared_ptr<World> world(new World(std::move(impl)));
+  std::vector<int> all(world_size);
+  for (int i = 0; i < world_size; ++i) all[i] = i;
+  world->group_ = world->new_groups({all}, "world");
+  return world;
+}
+
+std::shared_ptr<ProcessGroup> World::new_groups(
+    const std::vector<std::vector<int>>& partition, const std::string& name) {
+  const int id = impl_->groups_created++;
+  const int me = rank();
+  for (size_t set = 0; set < partition.size(); ++set) {
+    const auto& ranks = partition[set];
+    int my_index = -1;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] < 0 || ranks[i] >= size()) {
+        throw std::invalid_argument("fsdp2: group '" + name + "' names rank " +
+                                    std::to_string(ranks[i]) +
+                                    " outside the world");
+      }
+      if (ranks[i] == me) my_index = static_cast<int>(i);
+    }
+    if (my_index < 0) continue;
+
+    auto impl = std::make_unique<ProcessGroup::Impl>();
+    impl->name = name;
+    impl->global_ranks = ranks;
+    impl->rank = my_index;
+    impl->world_rank = me;
+    impl->timeout = impl_->options.timeout;
+    try {
+      for (int lane = 0; lane < kNumLanes; ++lane) {
+        std::ostringstream prefix;
+        prefix << "fsdp2/pg/" << id << "/" << set << "/" << lane;
+        auto store =
+            c10::make_intrusive<::c10d::PrefixStore>(prefix.str(), impl_->store);
+        const int n = static_cast<int>(ranks.size());
+        if (impl_->options.backend == "gloo") {
+          auto opts =
+              ::c10d::ProcessGroupGloo::Options::create(impl_->options.timeout);
+          opts->devices.push_back(impl_->gloo_device);
+          opts->threads = 1;
+          impl->backends[lane] = c10::make_intrusive<::c10d::ProcessGroupGloo>(
+              store, my_index, n, opts);
+        } else {
+#ifdef USE_C10D_NCCL
+          auto opts = ::c10d::ProcessGroupNCCL::Options::create();
+          opts->timeout = impl_->options.timeout;
+          impl->backends[lane] = c10::make_intrusive<::c10d::ProcessGroupNCCL>(
+              store, my_index, n, opts);
+#endif
+        }
+        impl->lanes[lane] = std::make_unique<CommLane>(name);
+      }
+    } catch (const std::exception& e) {
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      throw std::runtime_error(
+          "fsdp2: rank " + std::to_string(me) + ": creating group '" + name +
+          "' failed: " +
+          (c10_error ? c10_error->what_without_backtrace() : e.what()));
+    }
+    return std::make_shared<ProcessGroup>(std::move(impl));
+  }
+  return nullptr;
+}
+
+}  // namespace comm
+}  // namespace fsdp2

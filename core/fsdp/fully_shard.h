@@ -1,0 +1,267 @@
+// fsdp2/core/fsdp/fully_shard.h
+//
+// fully_shard(): FSDP2-style fully sharded data parallelism for LibTorch
+// modules.
+//
+// Usage, bottom-up, then the root; optimizers are created afterwards:
+//
+//   for (auto& block : *model->blocks) fsdp::fully_shard(block, options);
+//   fsdp::fully_shard(model, options);
+//   torch::optim::AdamW opt(model->parameters(), ...);  // sees local shards
+//   auto logits = fsdp::forward(model, tokens);          // not model->forward
+//   loss.backward();                                     // grads reduced
+//   opt.step();
+//
+// What fully_shard does to a module:
+//  - Each parameter it owns (those of the module's subtree that no inner
+//    sharded module owns) is split along dim 0 into one chunk per rank of the
+//    shard group; rank r keeps chunk r (trailing ranks may hold fewer or no
+//    rows). The module's registered parameter becomes that local shard, so
+//    named_parameters() shows the original names with sharded values and a
+//    stock torch::optim optimizer holds sharded state.
+//  - The module's own tensor members (e.g. LinearImpl::weight) become compute
+//    tensors that hold the full parameter only while it is unsharded.
+//
+// C++ modules have no forward hooks, so a sharded module must be called
+// through fsdp::forward(module, args...): it all-gathers the parameters
+// before the module runs, frees them afterwards (reshard_after_forward),
+// and arranges for the backward pass to all-gather again, reduce-scatter the
+// gradients into the shards' .grad and free the unsharded storage. Modules
+// inside a sharded module that are not sharded themselves are called as
+// usual. Calling a resharded module directly fails with a shape error.
+//
+// Thread-safety: one training thread per process. The backward pass must be
+// run with Tensor::backward() / torch::autograd::backward (not
+// torch::autograd::grad) and without retain_graph.
+#ifndef FSDP2_CORE_FSDP_FULLY_SHARD_H_
+#define FSDP2_CORE_FSDP_FULLY_SHARD_H_
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/comm/device_mesh.h"
+#include "core/fsdp/mixed_precision.h"
+
+namespace fsdp2 {
+namespace fsdp {
+
+enum class ShardingStrategy {
+  kFullShard,    // shard params/grads/optimizer state; reshard after forward
+  kShardGradOp,  // as kFullShard, but keep params unsharded until backward
+  kNoShard,      // replicate params, all-reduce grads (DDP equivalent)
+  kHybridShard,  // 2-D mesh: shard within a group, all-reduce across groups
+};
+
+const char* ToString(ShardingStrategy s);
+// Parses full_shard, shard_grad_op, no_shard, hybrid_shard (any case; '-'
+// or '_'). Throws std::invalid_argument naming the accepted values.
+ShardingStrategy ParseShardingStrategy(const std::string& name);
+
+struct FSDPOptions {
+  // The ranks to shard over. kFullShard/kShardGradOp shard over a 1-D mesh's
+  // only dim (or `shard_dim`), kNoShard replicates over it, kHybridShard needs
+  // a 2-D mesh (replicate_dim, shard_dim); default dims: first is replicate,
+  // last is shard.
+  std::shared_ptr<comm::DeviceMesh> mesh;
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  std::string shard_dim;      // default: last mesh dim
+  std::string replicate_dim;  // default: first mesh dim (kHybridShard only)
+  // Free the unsharded parameters after this module's forward. Default: true
+  // for kFullShard and kHybridShard, false otherwise. The root module (the
+  // outermost sharded module) never reshards after forward: its backward
+  // starts right away.
+  c10::optional<bool> reshard_after_forward;
+  MixedPrecisionPolicy mp_policy;
+};
+
+class FSDPUnit;
+
+// Shards `module` (see the file comment). Throws std::invalid_argument if the
+// module is already sharded, the options do not fit the mesh, its parameters
+// are on different devices, or one of its parameters is tied to a parameter
+// that another sharded module owns. A module with no parameters of its own is
+// allowed and communicates nothing.
+std::shared_ptr<FSDPUnit> fully_shard(
+    const std::shared_ptr<torch::nn::Module>& module,
+    const FSDPOptions& options);
+
+template <typename Impl>
+std::shared_ptr<FSDPUnit> fully_shard(
+    const torch::nn::ModuleHolder<Impl>& module, const FSDPOptions& options) {
+  return fully_shard(std::static_pointer_cast<torch::nn::Module>(module.ptr()),
+                     options);
+}
+
+// The unit fully_shard made of `module`, or nullptr.
+std::shared_ptr<FSDPUnit> unit_of(const torch::nn::Module& module);
+
+// Turns gradient reduction on or off for every sharded module under `root`.
+// Off: backward accumulates unsharded gradients locally (no communication);
+// the next backward with it on reduces them together with its own.
+void set_requires_gradient_sync(torch::nn::Module& root, bool sync);
+
+// Clips the gradients of all sharded parameters under `root` so that their
+// global norm (over all shards on all ranks) is at most `max_norm`, like
+// torch::nn::utils::clip_grad_norm_. Collective over the shard groups.
+// Returns the global norm before clipping.
+double clip_grad_norm_(torch::nn::Module& root, double max_norm,
+                       double norm_type = 2.0);
+
+// Per-rank bytes held by the sharded modules under `root`.
+struct MemoryStats {
+  int64_t sharded_param_bytes = 0;    // local shards (optimizer's params)
+  int64_t sharded_grad_bytes = 0;     // local shards' .grad
+  int64_t unsharded_param_bytes = 0;  // all-gathered params alive now
+  int64_t unsharded_grad_bytes = 0;   // accumulated no-sync gradients
+  int64_t total_param_numel = 0;      // global (unsharded) parameter count
+};
+MemoryStats memory_stats(torch::nn::Module& root);
+// High-water mark of all-gathered parameter bytes alive at once in this
+// process since the last reset.
+int64_t peak_unsharded_param_bytes();
+void reset_peak_unsharded_param_bytes();
+
+// The full (unsharded) value of every parameter under `root`, named as
+// root.named_parameters() names them, in the parameters' own dtype (the
+// masters under mixed precision), as new tensors. Collective: every rank of
+// every shard group under `root` calls it.
+std::vector<std::pair<std::string, at::Tensor>> full_state_dict(
+    torch::nn::Module& root);
+
+// Copies full values into the sharded parameters under `root`: each rank
+// keeps its own rows. Names as in full_state_dict(). Throws
+// std::invalid_argument naming the parameter on a missing or unexpected name
+// (when `strict`) or a shape mismatch; nothing is modified then.
+void load_full_state_dict(
+    torch::nn::Module& root,
+    const std::vector<std::pair<std::string, at::Tensor>>& state,
+    bool strict = true);
+
+namespace internal {
+
+// Called by forward(); see FSDPUnit.
+FSDPUnit* FindUnit(const torch::nn::Module* module);
+void PreForward(FSDPUnit* unit);
+at::Tensor CastInput(FSDPUnit* unit, const at::Tensor& t);
+std::vector<at::Tensor> PostForward(FSDPUnit* unit,
+                                    std::vector<at::Tensor> outputs);
+void AbortForward(FSDPUnit* unit);
+
+inline torch::nn::Module* ModulePtr(const std::shared_ptr<torch::nn::Module>& m) {
+  return m.get();
+}
+template <typename Impl>
+torch::nn::Module* ModulePtr(const std::shared_ptr<Impl>& m) {
+  return m.get();
+}
+template <typename Impl>
+torch::nn::Module* ModulePtr(const torch::nn::ModuleHolder<Impl>& m) {
+  return m.ptr().get();
+}
+
+inline at::Tensor CastArg(FSDPUnit* unit, const at::Tensor& arg) {
+  return CastInput(unit, arg);
+}
+template <typename T, typename = std::enable_if_t<
+                          !std::is_same<std::decay_t<T>, at::Tensor>::value>>
+T&& CastArg(FSDPUnit*, T&& arg) {
+  return std::forward<T>(arg);
+}
+
+// Flattens the tensors of a forward's result, and rebuilds it from them.
+template <typename T>
+struct OutputTensors {
+  static_assert(sizeof(T) == 0,
+                "fsdp::forward supports modules returning at::Tensor, "
+                "std::vector<at::Tensor>, or std::tuple/std::pair of those");
+};
+template <>
+struct OutputTensors<at::Tensor> {
+  static void collect(const at::Tensor& t, std::vector<at::Tensor>& out) {
+    out.push_back(t);
+  }
+  static at::Tensor rebuild(const at::Tensor&, std::vector<at::Tensor>& in,
+                            size_t& i) {
+    return in[i++];
+  }
+};
+template <>
+struct OutputTensors<std::vector<at::Tensor>> {
+  static void collect(const std::vector<at::Tensor>& v,
+                      std::vector<at::Tensor>& out) {
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  static std::vector<at::Tensor> rebuild(const std::vector<at::Tensor>& v,
+                                         std::vector<at::Tensor>& in,
+                                         size_t& i) {
+    std::vector<at::Tensor> r(in.begin() + i, in.begin() + i + v.size());
+    i += v.size();
+    return r;
+  }
+};
+template <typename... Ts>
+struct OutputTensors<std::tuple<Ts...>> {
+  static void collect(const std::tuple<Ts...>& t,
+                      std::vector<at::Tensor>& out) {
+    std::apply([&](const auto&... e) {
+      (OutputTensors<std::decay_t<decltype(e)>>::collect(e, out), ...);
+    }, t);
+  }
+  static std::tuple<Ts...> rebuild(const std::tuple<Ts...>& t,
+                                   std::vector<at::Tensor>& in, size_t& i) {
+    return std::apply([&](const auto&... e) {
+      return std::tuple<Ts...>{
+          OutputTensors<std::decay_t<decltype(e)>>::rebuild(e, in, i)...};
+    }, t);
+  }
+};
+template <typename A, typename B>
+struct OutputTensors<std::pair<A, B>> {
+  static void collect(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
+    OutputTensors<A>::collect(p.first, out);
+    OutputTensors<B>::collect(p.second, out);
+  }
+  static std::pair<A, B> rebuild(const std::pair<A, B>& p,
+                                 std::vector<at::Tensor>& in, size_t& i) {
+    A a = OutputTensors<A>::rebuild(p.first, in, i);
+    B b = OutputTensors<B>::rebuild(p.second, in, i);
+    return {std::move(a), std::move(b)};
+  }
+};
+
+}  // namespace internal
+
+// Runs module->forward(args...) under FSDP: unshards before, reshards after
+// and hooks the backward pass. A module that is not sharded just runs.
+// Tensor arguments are cast to param_dtype when the policy asks for it.
+template <typename M, typename... Args>
+auto forward(M module, Args&&... args) {
+  FSDPUnit* unit = internal::FindUnit(internal::ModulePtr(module));
+  if (unit == nullptr) return module->forward(std::forward<Args>(args)...);
+  internal::PreForward(unit);
+  using Out = decltype(module->forward(std::forward<Args>(args)...));
+  try {
+    Out out = module->forward(
+        internal::CastArg(unit, std::forward<Args>(args))...);
+    std::vector<at::Tensor> flat;
+    internal::OutputTensors<Out>::collect(out, flat);
+    flat = internal::PostForward(unit, std::move(flat));
+    size_t i = 0;
+    return internal::OutputTensors<Out>::rebuild(out, flat, i);
+  } catch (...) {
+    internal::AbortForward(unit);
+    throw;
+  }
+}
+
+}  // namespace fsdp
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_FSDP_FULLY_SHARD_H_

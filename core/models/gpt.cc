@@ -1,0 +1,143 @@
+#include "core/models/gpt.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/fsdp/fully_shard.h"
+
+namespace fsdp2 {
+namespace models {
+namespace F = torch::nn::functional;
+
+void GPTConfig::Validate() const {
+  if (vocab_size < 1 || block_size < 1 || n_layer < 1 || n_head < 1 ||
+      n_embd < 1) {
+    throw std::invalid_argument("GPTConfig: all sizes must be positive: " +
+                                ToString());
+  }
+  if (n_embd % n_head != 0) {
+    throw std::invalid_argument("GPTConfig: n_embd (" + std::to_string(n_embd) +
+                                ") must be a multiple of n_head (" +
+                                std::to_string(n_head) + ")");
+  }
+}
+
+int64_t GPTConfig::NumParams() const {
+  const int64_t c = n_embd;
+  const int64_t per_block = 2 * 2 * c            // two LayerNorms
+                            + c * 3 * c + 3 * c  // qkv
+                            + c * c + c          // attention projection
+                            + c * 4 * c + 4 * c  // fc
+                            + 4 * c * c + c;     // fc projection
+  return vocab_size * c + block_size * c + n_layer * per_block + 2 * c;
+}
+
+std::string GPTConfig::ToString() const {
+  std::ostringstream s;
+  s << "GPT(vocab_size=" << vocab_size << ", block_size=" << block_size
+    << ", n_layer=" << n_layer << ", n_head=" << n_head << ", n_embd=" << n_embd
+    << ", params=" << NumParams() << ")";
+  return s.str();
+}
+
+namespace {
+
+void InitLinear(torch::nn::Linear& linear, double std) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(linear->weight, 0.0, std);
+  if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+}
+
+}  // namespace
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
+    : n_head_(config.n_head) {
+  qkv = register_module(
+      "qkv", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
+  proj = register_module("proj",
+                         torch::nn::Linear(config.n_embd, config.n_embd));
+  InitLinear(qkv, 0.02);
+  // GPT-2: residual projections scaled by 1/sqrt(2 * n_layer).
+  InitLinear(proj, 0.02 / std::sqrt(2.0 * config.n_layer));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  const int64_t hd = C / n_head_;
+  auto qkv_out = qkv->forward(x).split(C, /*dim=*/2);
+  auto heads = [&](const at::Tensor& t) {
+    return t.view({B, T, n_head_, hd}).transpose(1, 2);  // [B, H, T, hd]
+  };
+  at::Tensor q = heads(qkv_out[0]), k = heads(qkv_out[1]),
+             v = heads(qkv_out[2]);
+  at::Tensor att = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hd));
+  at::Tensor causal =
+      at::ones({T, T}, x.options().dtype(at::kBool)).triu(/*diagonal=*/1);
+  att = att.masked_fill(causal, -std::numeric_limits<double>::infinity());
+  att = at::softmax(att, /*dim=*/-1);
+  at::Tensor y = at::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+  return proj->forward(y);
+}
+
+BlockImpl::BlockImpl(const GPTConfig& config) {
+  ln1 = register_module(
+      "ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln2 = register_module(
+      "ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  fc = register_module("fc",
+                       torch::nn::Linear(config.n_embd, 4 * config.n_embd));
+  fc_proj = register_module(
+      "fc_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+  InitLinear(fc, 0.02);
+  InitLinear(fc_proj, 0.02 / std::sqrt(2.0 * config.n_layer));
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x + attn->forward(ln1->forward(x));
+  return h + fc_proj->forward(F::gelu(fc->forward(ln2->forward(h))));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
+  config.Validate();
+  wte = register_module("wte",
+                        torch::nn::Embedding(config.vocab_size, config.n_embd));
+  wpe = register_module("wpe",
+                        torch::nn::Embedding(config.block_size, config.n_embd));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layer; ++i) blocks->push_back(Block(config));
+  ln_f = register_module(
+      "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(wte->weight, 0.0, 0.02);
+  torch::nn::init::normal_(wpe->weight, 0.0, 0.02);
+}
+
+Block GPTImpl::block(size_t i) const {
+  return Block(blocks->ptr<BlockImpl>(i));
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
+  const int64_t T = tokens.size(1);
+  TORCH_CHECK(T <= config_.block_size, "GPT: sequence length ", T,
+              " exceeds block_size ", config_.block_size);
+  at::Tensor positions = at::arange(T, tokens.options().dtype(at::kLong));
+  at::Tensor x = wte->forward(tokens) + wpe->forward(positions);
+  for (size_t i = 0; i < blocks->size(); ++i) x = fsdp::forward(block(i), x);
+  x = ln_f->forward(x);
+  return F::linear(x, wte->weight);  // LM head tied to the token embedding
+}
+
+at::Tensor LanguageModelLoss(const at::Tensor& logits, const at::Tensor& targets) {
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                          targets.reshape({-1}));
+}
+
+}  // namespace models
+}  // namespace fsdp2

@@ -1,0 +1,85 @@
+// fsdp2/core/models/gpt.h
+//
+// A GPT-2-style decoder-only transformer built from stock torch::nn modules:
+// token and position embeddings, n_layer pre-LayerNorm blocks (causal
+// self-attention and a GELU MLP, each with a residual), a final LayerNorm and
+// an LM head tied to the token embedding. Blocks are called through
+// fsdp::forward, so each block can be its own FSDP unit.
+#ifndef FSDP2_CORE_MODELS_GPT_H_
+#define FSDP2_CORE_MODELS_GPT_H_
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+
+namespace fsdp2 {
+namespace models {
+
+struct GPTConfig {
+  int64_t vocab_size = 256;
+  int64_t block_size = 64;  // maximum sequence length
+  int64_t n_layer = 2;
+  int64_t n_head = 2;
+  int64_t n_embd = 64;
+
+  // Throws std::invalid_argument if a size is not positive or n_embd is not a
+  // multiple of n_head.
+  void Validate() const;
+  // Parameter count (the tied head counted once).
+  int64_t NumParams() const;
+  std::string ToString() const;
+};
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
+
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+
+ private:
+  int64_t n_head_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::Linear fc{nullptr}, fc_proj{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const GPTConfig& config);
+  // tokens: [B, T] int64 with T <= block_size. Returns logits [B, T, vocab].
+  at::Tensor forward(const at::Tensor& tokens);
+
+  const GPTConfig& config() const { return config_; }
+  Block block(size_t i) const;
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  GPTConfig config_;
+};
+TORCH_MODULE(GPT);
+
+// Mean cross-entropy of logits [B, T, V] against targets [B, T].
+at::Tensor LanguageModelLoss(const at::Tensor& logits, const at::Tensor& targets);
+
+}  // namespace models
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_MODELS_GPT_H_

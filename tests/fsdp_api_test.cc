@@ -1,0 +1,216 @@
+// fully_shard's contract outside training equivalence: what named_parameters
+// shows, state-dict round trips, gradient sync switching, and the errors.
+#include <gtest/gtest.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
+#include "core/comm/world.h"
+#include "core/fsdp/fully_shard.h"
+#include "core/models/gpt.h"
+#include "core/models/mlp.h"
+#include "tests/harness/multi_process.h"
+
+namespace fsdp2 {
+namespace testing {
+namespace {
+
+std::shared_ptr<comm::DeviceMesh> SingleRankMesh() {
+  static std::shared_ptr<comm::DeviceMesh> mesh = [] {
+    comm::RendezvousOptions o;
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    o.store_path = std::string(tmp ? tmp : "/tmp") + "/api_test_store_" +
+                   std::to_string(getpid());
+    return comm::DeviceMesh::Create(comm::World::Init(o), {1}, {"dp"});
+  }();
+  return mesh;
+}
+
+fsdp::FSDPOptions Options(std::shared_ptr<comm::DeviceMesh> mesh) {
+  fsdp::FSDPOptions o;
+  o.mesh = std::move(mesh);
+  return o;
+}
+
+TEST(FullyShard, TwiceOnOneModuleIsAnError) {
+  torch::nn::Linear linear(4, 4);
+  fsdp::fully_shard(linear, Options(SingleRankMesh()));
+  try {
+    fsdp::fully_shard(linear, Options(SingleRankMesh()));
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("already sharded"), std::string::npos);
+  }
+}
+
+TEST(FullyShard, MixedDtypesAreAnError) {
+  torch::nn::Sequential seq(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4));
+  seq[1]->to(at::kDouble);
+  try {
+    fsdp::fully_shard(seq.ptr(), Options(SingleRankMesh()));
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("different dtypes"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(FullyShard, NullMeshIsAnError) {
+  torch::nn::Linear linear(4, 4);
+  EXPECT_THROW(fsdp::fully_shard(linear, fsdp::FSDPOptions{}),
+               std::invalid_argument);
+}
+
+TEST(FullyShard, HybridNeedsATwoDimensionalMesh) {
+  torch::nn::Linear linear(4, 4);
+  auto o = Options(SingleRankMesh());
+  o.strategy = fsdp::ShardingStrategy::kHybridShard;
+  try {
+    fsdp::fully_shard(linear, o);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("2-D mesh"), std::string::npos);
+  }
+}
+
+struct Holder : torch::nn::Module {
+  at::Tensor w;
+};
+
+struct TwoUsers : torch::nn::Module {
+  TwoUsers() {
+    a = register_module("a", torch::nn::Linear(4, 4));
+    b = register_module("b", std::make_shared<Holder>());
+    b->w = b->register_parameter("w", a->weight);  // tied to a.weight
+  }
+  torch::nn::Linear a{nullptr};
+  std::shared_ptr<Holder> b;
+};
+
+TEST(FullyShard, ParameterTiedAcrossUnitsIsAnError) {
+  auto m = std::make_shared<TwoUsers>();
+  fsdp::fully_shard(m->a, Options(SingleRankMesh()));
+  try {
+    fsdp::fully_shard(m, Options(SingleRankMesh()));
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tied"), std::string::npos) << e.what();
+  }
+}
+
+TEST(FullyShard, ModuleWithoutParametersIsAllowed) {
+  torch::nn::Sequential seq(torch::nn::Linear(4, 4));
+  torch::nn::ReLU relu;
+  auto mesh = SingleRankMesh();
+  EXPECT_NO_THROW(fsdp::fully_shard(relu, Options(mesh)));
+  fsdp::fully_shard(seq.ptr(), Options(mesh));
+  at::Tensor y = fsdp::forward(relu, fsdp::forward(seq, at::randn({2, 4})));
+  y.sum().backward();
+  EXPECT_TRUE(seq->parameters()[0].grad().defined());
+}
+
+TEST(FullyShard, ParseShardingStrategy) {
+  EXPECT_EQ(fsdp::ParseShardingStrategy("FULL_SHARD"),
+            fsdp::ShardingStrategy::kFullShard);
+  EXPECT_EQ(fsdp::ParseShardingStrategy("shard-grad-op"),
+            fsdp::ShardingStrategy::kShardGradOp);
+  EXPECT_THROW(fsdp::ParseShardingStrategy("zero3"), std::invalid_argument);
+}
+
+void Check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("check failed: " + what);
+}
+
+// On N ranks: names stay, values are dim-0 shards (empty where a parameter
+// has fewer rows than ranks), the full state dict round-trips, and turning
+// gradient sync off keeps gradients local until it is turned on again.
+FSDP2_SCENARIO(shard_layout) {
+  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  const int n = world->size(), r = world->rank();
+  torch::manual_seed(3);
+  models::MLPConfig config;
+  config.out_features = 3;
+  auto mlp = models::MLP(config);
+  auto full_before = mlp->named_parameters();
+  std::vector<std::pair<std::string, at::Tensor>> reference;
+  for (const auto& p : full_before) reference.emplace_back(p.key(), p.value().detach().clone());
+
+  fsdp::FSDPOptions o;
+  o.mesh = comm::DeviceMesh::Create(world, {n}, {"dp"});
+  for (size_t i = 0; i < mlp->blocks->size(); ++i) fsdp::fully_shard(mlp->block(i), o);
+  fsdp::fully_shard(mlp, o);
+
+  auto sharded = mlp->named_parameters();
+  Check(sharded.keys() == full_before.keys(), "parameter names unchanged");
+  for (const auto& [name, full] : reference) {
+    const at::Tensor& s = sharded[name];
+    const int64_t rows = full.size(0), per = (rows + n - 1) / n;
+    const int64_t start = std::min(r * per, rows);
+    const int64_t local = std::min(per, rows - start);
+    Check(s.size(0) == local, name + " has " + std::to_string(s.size(0)) +
+                                  " rows, expected " + std::to_string(local));
+    Check(s.equal(full.narrow(0, start, local)), name + " holds its rows");
+  }
+  if (n == 4 && r == 3) {
+    Check(sharded["output.weight"].size(0) == 0, "3 rows on 4 ranks: last empty");
+  }
+
+  auto state = fsdp::full_state_dict(*mlp);
+  for (size_t i = 0; i < state.size(); ++i) {
+    Check(state[i].second.equal(reference[i].second), "full_state_dict value");
+  }
+  for (auto& [name, value] : state) value = value * 2 + 1;
+  fsdp::load_full_state_dict(*mlp, state);
+  auto again = fsdp::full_state_dict(*mlp);
+  for (size_t i = 0; i < state.size(); ++i) {
+    Check(again[i].second.equal(state[i].second), "load_full_state_dict");
+  }
+  auto bad = state;
+  bad[0].second = at::zeros({1});
+  bool threw = false;
+  try {
+    fsdp::load_full_state_dict(*mlp, bad);
+  } catch (const std::invalid_argument& e) {
+    threw = std::string(e.what()).find("shape") != std::string::npos;
+  }
+  Check(threw, "shape mismatch rejected");
+  bad = state;
+  bad.pop_back();
+  threw = false;
+  try {
+    fsdp::load_full_state_dict(*mlp, bad);
+  } catch (const std::invalid_argument& e) {
+    threw = std::string(e.what()).find("missing key") != std::string::npos;
+  }
+  Check(threw, "missing key rejected");
+
+  // No sync: local unsharded accumulation, no shard gradients.
+  fsdp::set_requires_gradient_sync(*mlp, false);
+  fsdp::forward(mlp, at::randn({2, 16})).sum().backward();
+  auto stats = fsdp::memory_stats(*mlp);
+  Check(stats.sharded_grad_bytes == 0, "no shard grads without sync");
+  Check(stats.unsharded_grad_bytes > 0, "local accumulation kept");
+  fsdp::set_requires_gradient_sync(*mlp, true);
+  fsdp::forward(mlp, at::randn({2, 16})).sum().backward();
+  stats = fsdp::memory_stats(*mlp);
+  Check(stats.unsharded_grad_bytes == 0, "accumulation reduced");
+  Check(stats.sharded_grad_bytes == stats.sharded_param_bytes, "shard grads");
+  Check(stats.unsharded_param_bytes == 0, "resharded after backward");
+}
+
+TEST(FullyShard, ShardLayoutAndStateDictOnManyRanks) {
+  for (int n : {1, 2, 3, 4}) {
+    LaunchOptions o;
+    o.world_size = n;
+    o.scenario = "shard_layout";
+    o.timeout = std::chrono::seconds(120);
+    auto r = LaunchRanks(o);
+    EXPECT_TRUE(r.ok()) << "world " << n << "\n" << r.Describe();
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace fsdp2
+
+int main(int argc, char** argv) { return fsdp2::testing::TestMain(argc, argv); }

@@ -1,0 +1,328 @@
+#include "tests/training_util.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/comm/device_mesh.h"
+#include "core/models/gpt.h"
+#include "core/models/mlp.h"
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+namespace fsdp2 {
+namespace testing {
+namespace {
+
+models::GPTConfig TinyGPT() {
+  models::GPTConfig c;
+  c.vocab_size = 64;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  return c;
+}
+
+constexpr int64_t kSeqLen = 8;
+
+// One tensor registered twice: as the root's "w" and as "sub.w".
+struct TiedSubImpl : torch::nn::Module {
+  at::Tensor w;
+  at::Tensor forward(const at::Tensor& x) { return at::matmul(x, w); }
+};
+TORCH_MODULE(TiedSub);
+
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() {
+    inp = register_module("inp", torch::nn::Linear(16, 8));
+    w = register_parameter("w", at::randn({8, 8}) * 0.3);
+    sub = register_module("sub", TiedSub());
+    sub->w = sub->register_parameter("w", w);
+    head = register_module("head", torch::nn::Linear(8, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = torch::relu(fsdp::forward(inp, x));
+    h = torch::relu(at::matmul(h, w.t()));
+    return head->forward(sub->forward(h));
+  }
+  torch::nn::Linear inp{nullptr}, head{nullptr};
+  TiedSub sub{nullptr};
+  at::Tensor w;
+};
+TORCH_MODULE(Tied);
+
+at::ScalarType Dtype(const TrainSpec& spec) {
+  return spec.dtype == "float32" ? at::kFloat : at::kDouble;
+}
+
+struct Model {
+  std::shared_ptr<torch::nn::Module> root;
+  std::vector<std::shared_ptr<torch::nn::Module>> units;  // inner units
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss;
+};
+
+Model BuildModel(const TrainSpec& spec) {
+  torch::manual_seed(spec.seed);
+  Model m;
+  if (spec.model == "gpt") {
+    auto gpt = models::GPT(TinyGPT());
+    for (size_t i = 0; i < gpt->blocks->size(); ++i) {
+      m.units.push_back(gpt->block(i).ptr());
+    }
+    m.root = gpt.ptr();
+    m.loss = [gpt](const at::Tensor& x, const at::Tensor& y) {
+      return models::LanguageModelLoss(fsdp::forward(gpt, x), y);
+    };
+  } else if (spec.model == "mlp") {
+    models::MLPConfig config;
+    config.out_features = 3;  // fewer rows than ranks: empty shards
+    auto mlp = models::MLP(config);
+    for (size_t i = 0; i < mlp->blocks->size(); ++i) {
+      m.units.push_back(mlp->block(i).ptr());
+    }
+    m.root = mlp.ptr();
+    m.loss = [mlp](const at::Tensor& x, const at::Tensor& y) {
+      return torch::nn::functional::cross_entropy(fsdp::forward(mlp, x), y);
+    };
+  } else if (spec.model == "conv") {
+    auto net = models::ConvNet(1, 6, 3);
+    m.units = {net->conv1.ptr(), net->conv2.ptr()};
+    m.root = net.ptr();
+    m.loss = [net](const at::Tensor& x, const at::Tensor& y) {
+      return torch::nn::functional::cross_entropy(fsdp::forward(net, x), y);
+    };
+  } else if (spec.model == "tied") {
+    auto tied = Tied();
+    m.units = {tied->inp.ptr()};
+    m.root = tied.ptr();
+    m.loss = [tied](const at::Tensor& x, const at::Tensor& y) {
+      return torch::nn::functional::cross_entropy(fsdp::forward(tied, x), y);
+    };
+  } else {
+    throw std::invalid_argument("unknown model " + spec.model);
+  }
+  m.root->to(Dtype(spec));
+  return m;
+}
+
+// The global batch of step `step`: inputs and targets with `rows` rows.
+std::pair<at::Tensor, at::Tensor> GlobalBatch(const TrainSpec& spec, int step,
+                                              int64_t rows) {
+  auto gen = at::detail::createCPUGenerator(spec.seed * 1000003 + step);
+  if (spec.model == "gpt") {
+    at::Tensor tokens = at::randint(TinyGPT().vocab_size, {rows, kSeqLen + 1},
+                                    gen, at::TensorOptions().dtype(at::kLong));
+    return {tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)};
+  }
+  auto shape = spec.model != "conv" ? std::vector<int64_t>{rows, 16}
+                                   : std::vector<int64_t>{rows, 1, 6, 6};
+  at::Tensor x = at::randn(shape, gen, at::TensorOptions().dtype(Dtype(spec)));
+  at::Tensor y = at::randint(3, {rows}, gen, at::TensorOptions().dtype(at::kLong));
+  return {x, y};
+}
+
+torch::optim::AdamW MakeOptimizer(torch::nn::Module& model) {
+  return torch::optim::AdamW(
+      model.parameters(),
+      torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+}
+
+std::shared_ptr<comm::DeviceMesh> MakeMesh(
+    const TrainSpec& spec, const std::shared_ptr<comm::World>& world) {
+  const int n = world->size();
+  if (spec.strategy == "hybrid_shard") {
+    const int replicate = (n % 2 == 0 && n > 2) ? 2 : 1;
+    return comm::DeviceMesh::Create(world, {replicate, n / replicate},
+                                    {"replicate", "shard"});
+  }
+  return comm::DeviceMesh::Create(world, {n}, {"dp"});
+}
+
+}  // namespace
+
+std::vector<std::string> TrainSpec::ToArgs() const {
+  std::ostringstream clip_s;
+  clip_s.precision(17);
+  clip_s << clip;
+  return {model, strategy, std::to_string(steps), std::to_string(batch_per_rank),
+          dtype, mixed_precision, std::to_string(grad_accum), clip_s.str(),
+          std::to_string(seed)};
+}
+
+TrainSpec TrainSpec::FromArgs(const std::vector<std::string>& a) {
+  if (a.size() != 9) throw std::invalid_argument("TrainSpec: need 9 args");
+  TrainSpec s;
+  s.model = a[0];
+  s.strategy = a[1];
+  s.steps = std::stoi(a[2]);
+  s.batch_per_rank = std::stoll(a[3]);
+  s.dtype = a[4];
+  s.mixed_precision = a[5];
+  s.grad_accum = std::stoi(a[6]);
+  s.clip = std::stod(a[7]);
+  s.seed = std::stoull(a[8]);
+  return s;
+}
+
+std::string TrainSpec::Name() const {
+  std::ostringstream s;
+  s << model << "/" << strategy << "/" << dtype;
+  if (mixed_precision != "none") s << "/mp=" << mixed_precision;
+  if (grad_accum > 1) s << "/accum=" << grad_accum;
+  if (clip > 0) s << "/clip=" << clip;
+  return s.str();
+}
+
+TrainOutput TrainReference(const TrainSpec& spec, int world) {
+  Model m = BuildModel(spec);
+  auto optimizer = MakeOptimizer(*m.root);
+  TrainOutput out;
+  const int64_t rows = world * spec.batch_per_rank * spec.grad_accum;
+  for (int step = 0; step < spec.steps; ++step) {
+    auto [x, y] = GlobalBatch(spec, step, rows);
+    optimizer.zero_grad();
+    at::Tensor loss = m.loss(x, y);
+    loss.backward();
+    if (spec.clip > 0) {
+      out.grad_norms.push_back(
+          torch::nn::utils::clip_grad_norm_(m.root->parameters(), spec.clip));
+    }
+    optimizer.step();
+    out.losses.push_back(loss.item<double>());
+  }
+  for (const auto& p : m.root->named_parameters()) {
+    out.params.emplace_back(p.key(), p.value().detach().clone());
+  }
+  return out;
+}
+
+TrainOutput TrainSharded(const TrainSpec& spec,
+                         const std::shared_ptr<comm::World>& world) {
+  Model m = BuildModel(spec);
+  fsdp::FSDPOptions options;
+  options.mesh = MakeMesh(spec, world);
+  options.strategy = fsdp::ParseShardingStrategy(spec.strategy);
+  if (spec.mixed_precision == "bf16") {
+    options.mp_policy.param_dtype = at::kBFloat16;
+    options.mp_policy.reduce_dtype = at::kFloat;
+    options.mp_policy.output_dtype = at::kFloat;
+  }
+  for (auto& unit : m.units) fsdp::fully_shard(unit, options);
+  fsdp::fully_shard(m.root, options);
+  auto optimizer = MakeOptimizer(*m.root);
+  fsdp::reset_peak_unsharded_param_bytes();
+
+  TrainOutput out;
+  const int n = world->size(), rank = world->rank();
+  const int64_t B = spec.batch_per_rank;
+  for (int step = 0; step < spec.steps; ++step) {
+    auto [x, y] = GlobalBatch(spec, step, n * B * spec.grad_accum);
+    optimizer.zero_grad();
+    double local_loss = 0;
+    for (int micro = 0; micro < spec.grad_accum; ++micro) {
+      const bool last = micro == spec.grad_accum - 1;
+      fsdp::set_requires_gradient_sync(*m.root, last);
+      const int64_t start = (int64_t{micro} * n + rank) * B;
+      at::Tensor loss = m.loss(x.narrow(0, start, B), y.narrow(0, start, B)) /
+                        spec.grad_accum;
+      loss.backward();
+      local_loss += loss.item<double>();
+    }
+    if (spec.clip > 0) {
+      out.grad_norms.push_back(fsdp::clip_grad_norm_(*m.root, spec.clip));
+    }
+    optimizer.step();
+    at::Tensor global_loss = at::full({1}, local_loss, at::kDouble);
+    world->group()->all_reduce(global_loss).wait();
+    out.losses.push_back(global_loss.item<double>() / n);
+  }
+  out.stats = fsdp::memory_stats(*m.root);
+  out.peak_unsharded_bytes = fsdp::peak_unsharded_param_bytes();
+  out.params = fsdp::full_state_dict(*m.root);
+  return out;
+}
+
+void WriteOutput(const std::string& path, const TrainOutput& out) {
+  std::ofstream f(path);
+  f.precision(17);
+  f << "losses";
+  for (double v : out.losses) f << " " << v;
+  f << "\nnorms";
+  for (double v : out.grad_norms) f << " " << v;
+  f << "\nstats " << out.stats.sharded_param_bytes << " "
+    << out.stats.sharded_grad_bytes << " " << out.stats.unsharded_param_bytes
+    << " " << out.stats.unsharded_grad_bytes << " "
+    << out.stats.total_param_numel << " " << out.peak_unsharded_bytes << "\n";
+  for (const auto& [name, t] : out.params) {
+    at::Tensor flat = t.to(at::kDouble).reshape({-1}).contiguous();
+    f << "param " << name << " " << flat.numel();
+    const double* data = flat.data_ptr<double>();
+    for (int64_t i = 0; i < flat.numel(); ++i) f << " " << data[i];
+    f << "\n";
+  }
+}
+
+TrainOutput ReadOutput(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  TrainOutput out;
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream s(line);
+    std::string kind;
+    s >> kind;
+    if (kind == "losses" || kind == "norms") {
+      auto& v = kind == "losses" ? out.losses : out.grad_norms;
+      double x;
+      while (s >> x) v.push_back(x);
+    } else if (kind == "stats") {
+      s >> out.stats.sharded_param_bytes >> out.stats.sharded_grad_bytes >>
+          out.stats.unsharded_param_bytes >> out.stats.unsharded_grad_bytes >>
+          out.stats.total_param_numel >> out.peak_unsharded_bytes;
+    } else if (kind == "param") {
+      std::string name;
+      int64_t numel;
+      s >> name >> numel;
+      at::Tensor t = at::empty({numel}, at::kDouble);
+      double* data = t.data_ptr<double>();
+      for (int64_t i = 0; i < numel; ++i) s >> data[i];
+      out.params.emplace_back(name, t);
+    }
+  }
+  return out;
+}
+
+double MaxLossRelDiff(const TrainOutput& a, const TrainOutput& b, double floor) {
+  if (a.losses.size() != b.losses.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]) /
+                                std::max(std::abs(b.losses[i]), floor));
+  }
+  return worst;
+}
+
+double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b) {
+  if (a.params.size() != b.params.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    if (a.params[i].first != b.params[i].first) return INFINITY;
+    at::Tensor x = a.params[i].second.to(at::kDouble).reshape({-1});
+    at::Tensor y = b.params[i].second.to(at::kDouble).reshape({-1});
+    if (x.numel() != y.numel()) return INFINITY;
+    if (x.numel() == 0) continue;
+    worst = std::max(worst, (x - y).abs().max().item<double>());
+  }
+  return worst;
+}
+
+}  // namespace testing
+}  // namespace fsdp2

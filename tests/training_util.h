@@ -1,0 +1,69 @@
+// fsdp2/tests/training_util.h
+//
+// One training recipe run two ways: unsharded in one process on the global
+// batch (the reference), and as one rank of an FSDP run on its slice of the
+// same global batch. Equivalence tests compare the two.
+//
+// Data: for step s the global batch has world * batch_per_rank * grad_accum
+// rows drawn from a generator seeded by (seed, s). Micro-batch j of rank r is
+// rows [(j * world + r) * B, +B). The reference trains on all rows at once,
+// so gradient accumulation is checked against one batch k times the size.
+#ifndef FSDP2_TESTS_TRAINING_UTIL_H_
+#define FSDP2_TESTS_TRAINING_UTIL_H_
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/comm/world.h"
+#include "core/fsdp/fully_shard.h"
+
+namespace fsdp2 {
+namespace testing {
+
+struct TrainSpec {
+  std::string model = "gpt";         // gpt | mlp | conv
+  std::string strategy = "full_shard";
+  int steps = 10;
+  int64_t batch_per_rank = 2;
+  std::string dtype = "float64";     // float64 | float32
+  std::string mixed_precision = "none";  // none | bf16
+  int grad_accum = 1;
+  double clip = 0;                   // max grad norm; 0 = no clipping
+  uint64_t seed = 7;
+
+  std::vector<std::string> ToArgs() const;
+  static TrainSpec FromArgs(const std::vector<std::string>& args);
+  std::string Name() const;
+};
+
+struct TrainOutput {
+  std::vector<double> losses;      // global mean loss per step
+  std::vector<double> grad_norms;  // per step, when clipping
+  std::vector<std::pair<std::string, at::Tensor>> params;  // full, at the end
+  fsdp::MemoryStats stats;  // after the last optimizer step (sharded runs)
+  int64_t peak_unsharded_bytes = 0;
+};
+
+// The reference: one process, no FSDP, the global batch of `world` ranks.
+TrainOutput TrainReference(const TrainSpec& spec, int world);
+
+// One rank of an FSDP run; every rank returns the full parameters.
+TrainOutput TrainSharded(const TrainSpec& spec,
+                         const std::shared_ptr<comm::World>& world);
+
+void WriteOutput(const std::string& path, const TrainOutput& out);
+TrainOutput ReadOutput(const std::string& path);
+
+// Largest |a - b| / max(|b|, floor) over the losses.
+double MaxLossRelDiff(const TrainOutput& a, const TrainOutput& b, double floor);
+// Largest |a - b| over all parameter elements (same names required).
+double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b);
+
+}  // namespace testing
+}  // namespace fsdp2
+
+#endif  // FSDP2_TESTS_TRAINING_UTIL_H_
