@@ -13,6 +13,9 @@ namespace {
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
+// Ring steps move their chunk in pieces of this size (see reduce_scatter).
+constexpr int64_t kSegmentBytes = 1 << 20;
+
 void CheckContiguous(const at::Tensor& t, const char* what, const char* op) {
   TORCH_CHECK(t.defined() && t.is_contiguous(), op, ": ", what,
               " must be a defined, contiguous tensor");
@@ -156,9 +159,10 @@ CommHandle ProcessGroup::reduce_scatter_flat(at::Tensor output,
   const bool use_all_reduce = algorithm == ReduceScatterAlgorithm::kAllReduce;
   impl->bytes_sent +=
       output.nbytes() * (world - 1) * (use_all_reduce ? 2 : 1);
+  const int lane_index = static_cast<int>(lane);
   return RunCollective(
       impl, lane, "reduce_scatter",
-      [impl, output, input, world, algorithm](auto& backend) {
+      [impl, output, input, world, algorithm, lane_index](auto& backend) {
         const int rank = impl->rank;
         auto chunks = input.view({world, -1});
         if (world == 1) {
@@ -180,18 +184,41 @@ CommHandle ProcessGroup::reduce_scatter_flat(at::Tensor output,
         // right and adds the left neighbour's partial sum of chunk r-s-2.
         // After W-1 steps chunk r holds the full sum on rank r. Each rank
         // sends (W-1)/W of the input, half of what a ring all-reduce sends.
-        at::Tensor incoming = at::empty_like(chunks[0]);
+        // Each step moves its chunk in segments, all posted at once, so the
+        // additions overlap the transfer of later segments.
+        const int64_t chunk_numel = chunks.size(1);
+        const int64_t segment =
+            std::max<int64_t>(1, kSegmentBytes / input.element_size());
+        at::Tensor& scratch = impl->ring_scratch[lane_index];
+        if (!scratch.defined() || scratch.nbytes() < chunks[0].nbytes() ||
+            scratch.scalar_type() != input.scalar_type() ||
+            scratch.device() != input.device()) {
+          scratch = at::empty_like(chunks[0]);
+        }
+        at::Tensor incoming = scratch.narrow(0, 0, chunk_numel);
         const int right = Mod(rank + 1, world), left = Mod(rank - 1, world);
         for (int step = 0; step < world - 1; ++step) {
           const int send_chunk = Mod(rank - step - 1, world);
           const int recv_chunk = Mod(rank - step - 2, world);
-          std::vector<at::Tensor> send{chunks[send_chunk]};
-          std::vector<at::Tensor> recv{incoming};
-          auto recv_work = backend.recv(recv, left, /*tag=*/step);
-          auto send_work = backend.send(send, right, /*tag=*/step);
-          Wait(recv_work, impl->timeout);
-          Wait(send_work, impl->timeout);
-          chunks[recv_chunk].add_(incoming);
+          std::vector<c10::intrusive_ptr<::c10d::Work>> recvs, sends;
+          std::vector<int64_t> starts;
+          int tag = 0;
+          for (int64_t start = 0; start < chunk_numel; start += segment) {
+            const int64_t len = std::min(segment, chunk_numel - start);
+            std::vector<at::Tensor> recv{incoming.narrow(0, start, len)};
+            std::vector<at::Tensor> send{chunks[send_chunk].narrow(0, start, len)};
+            recvs.push_back(backend.recv(recv, left, tag));
+            sends.push_back(backend.send(send, right, tag));
+            starts.push_back(start);
+            ++tag;
+          }
+          for (size_t i = 0; i < recvs.size(); ++i) {
+            Wait(recvs[i], impl->timeout);
+            const int64_t len = std::min(segment, chunk_numel - starts[i]);
+            chunks[recv_chunk].narrow(0, starts[i], len).add_(
+                incoming.narrow(0, starts[i], len));
+          }
+          for (auto& work : sends) Wait(work, impl->timeout);
         }
         output.view(-1).copy_(chunks[rank]);
       });

@@ -405,7 +405,8 @@ std::vector<at::Tensor> FSDPUnit::post_forward(
     std::vector<at::Tensor> outputs) {
   const bool grad = at::GradMode::is_enabled();
   if (reshard_after_forward_ || !grad) reshard();
-  if (const auto& dtype = options_.mp_policy.output_dtype) {
+  const auto& dtype = options_.mp_policy.output_dtype;
+  if (is_root_ && dtype.has_value()) {
     for (auto& t : outputs) {
       if (t.defined() && t.is_floating_point()) t = t.to(*dtype);
     }

@@ -20,7 +20,8 @@ struct MixedPrecisionPolicy {
   // dtype in which gradients are reduced across ranks. nullopt: param_dtype
   // if set, else the parameters' own dtype.
   c10::optional<at::ScalarType> reduce_dtype;
-  // dtype that floating-point outputs of a unit's forward are cast to.
+  // dtype that floating-point outputs of the root unit's forward (what the
+  // caller sees) are cast to. Inner units keep param_dtype between them.
   c10::optional<at::ScalarType> output_dtype;
   // Cast floating-point tensor inputs of each unit's forward to param_dtype.
   bool cast_forward_inputs = true;

@@ -1,5 +1,7 @@
 #include "tests/harness/multi_process.h"
 
+#include "core/launch/local_launcher.h"
+
 #include <ATen/Parallel.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -94,6 +96,7 @@ LaunchResult LaunchRanks(const LaunchOptions& options) {
     env["FSDP2_STORE_PATH"] = result.out_dir + "/store";
     env["FSDP2_TEST_OUT"] = result.out_dir;
     env["OMP_NUM_THREADS"] = "1";
+    for (const auto& kv : launch::CpuPerformanceEnv()) env.emplace(kv.first, kv.second);
     for (const auto& kv : options.env) env[kv.first] = kv.second;
     auto it = options.rank_env.find(rank);
     if (it != options.rank_env.end()) {

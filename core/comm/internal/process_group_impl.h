@@ -27,6 +27,9 @@ struct ProcessGroup::Impl {
   std::array<c10::intrusive_ptr<internal::C10dBackend>, kNumLanes> backends;
   std::array<std::unique_ptr<CommLane>, kNumLanes> lanes;
   std::atomic<int64_t> bytes_sent{0};
+  // Receive buffer of ring reduce-scatter, kept per lane: allocating tens of
+  // MiB afresh each call costs page faults (glibc maps such blocks anew).
+  std::array<at::Tensor, kNumLanes> ring_scratch;
 };
 
 }  // namespace comm

@@ -1,0 +1,213 @@
+#include "core/launch/local_launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace fsdp2 {
+namespace launch {
+
+bool IsRankProcess() {
+  const char* rank = std::getenv("RANK");
+  return rank != nullptr && *rank != '\0';
+}
+
+std::map<std::string, std::string> CpuPerformanceEnv() {
+  std::map<std::string, std::string> env;
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line, flags;
+    while (std::getline(cpuinfo, line)) {
+      if (line.rfind("flags", 0) == 0) {
+        flags = " " + line.substr(line.find(':') + 1) + " ";
+        break;
+      }
+    }
+    if (flags.find(" avx512f ") != std::string::npos &&
+        flags.find(" avx512bw ") != std::string::npos) {
+      env["OPENBLAS_CORETYPE"] = "SkylakeX";
+    } else if (flags.find(" avx2 ") != std::string::npos) {
+      env["OPENBLAS_CORETYPE"] = "Haswell";
+    }
+  }
+  return env;
+}
+
+int FindFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    throw std::runtime_error("could not find a free port");
+  }
+  int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+namespace {
+
+std::string Describe(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return std::string("killed by signal ") + strsignal(WTERMSIG(status));
+  }
+  return "unknown status";
+}
+
+int ExitCode(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+int LaunchLocal(const LocalLaunchOptions& options) {
+  const int n = options.nproc;
+  if (n < 1) {
+    throw std::invalid_argument("--nproc must be at least 1 (got " +
+                                std::to_string(n) + ")");
+  }
+  int threads = options.threads_per_rank;
+  if (threads <= 0) {
+    threads = std::max(1u, std::thread::hardware_concurrency() / n);
+  }
+  std::map<std::string, std::string> base;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& kv : CpuPerformanceEnv()) base.emplace(kv.first, kv.second);
+  base["OMP_NUM_THREADS"] = std::to_string(threads);
+  base["FSDP2_THREADS"] = std::to_string(threads);
+  base["MASTER_ADDR"] = "127.0.0.1";
+  base["MASTER_PORT"] = std::to_string(FindFreePort());
+  base["WORLD_SIZE"] = std::to_string(n);
+  for (const auto& kv : options.env) base[kv.first] = kv.second;
+
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (len <= 0) throw std::runtime_error("cannot find /proc/self/exe");
+  exe[len] = '\0';
+
+  std::vector<pid_t> pids(n);
+  std::vector<int> fds(n);
+  for (int rank = 0; rank < n; ++rank) {
+    auto env = base;
+    env["RANK"] = std::to_string(rank);
+    env["LOCAL_RANK"] = std::to_string(rank);
+    std::vector<std::string> env_strings, args = options.argv;
+    if (args.empty()) args.push_back(exe);
+    for (const auto& kv : env) env_strings.push_back(kv.first + "=" + kv.second);
+    std::vector<char*> envp, argv;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    int pipe_fds[2];
+    if (pipe(pipe_fds) != 0) throw std::runtime_error("pipe() failed");
+    pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("fork() failed");
+    if (pid == 0) {
+      close(pipe_fds[0]);
+      dup2(pipe_fds[1], 1);
+      dup2(pipe_fds[1], 2);
+      close(pipe_fds[1]);
+      execve(exe, argv.data(), envp.data());
+      _exit(127);
+    }
+    close(pipe_fds[1]);
+    pids[rank] = pid;
+    fds[rank] = pipe_fds[0];
+  }
+
+  // Forward output line by line until every pipe closes.
+  std::vector<std::string> partial(n);
+  std::vector<bool> open(n, true);
+  int open_count = n;
+  int first_failure = 0;
+  std::vector<bool> reaped(n, false);
+  auto emit = [&](int rank, const std::string& line) {
+    std::ostream& out = std::cout;
+    out << (n > 1 ? "[rank " + std::to_string(rank) + "] " : std::string())
+        << line << "\n";
+    out.flush();
+  };
+  auto reap = [&](bool block) {
+    for (int rank = 0; rank < n; ++rank) {
+      if (reaped[rank]) continue;
+      int status = 0;
+      pid_t got = waitpid(pids[rank], &status, block ? 0 : WNOHANG);
+      if (got != pids[rank]) continue;
+      reaped[rank] = true;
+      if (ExitCode(status) != 0 && first_failure == 0) {
+        first_failure = ExitCode(status);
+        std::cerr << "fsdp2 launcher: rank " << rank << " failed ("
+                  << Describe(status) << "); stopping the other ranks\n";
+        for (int other = 0; other < n; ++other) {
+          if (!reaped[other]) kill(pids[other], SIGTERM);
+        }
+      }
+    }
+  };
+  while (open_count > 0) {
+    std::vector<pollfd> polls;
+    std::vector<int> ranks;
+    for (int rank = 0; rank < n; ++rank) {
+      if (open[rank]) {
+        polls.push_back({fds[rank], POLLIN, 0});
+        ranks.push_back(rank);
+      }
+    }
+    int ready = poll(polls.data(), polls.size(), 200);
+    if (ready < 0 && errno != EINTR) break;
+    for (size_t i = 0; i < polls.size(); ++i) {
+      if (!(polls[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const int rank = ranks[i];
+      char buf[4096];
+      ssize_t got = read(fds[rank], buf, sizeof(buf));
+      if (got <= 0) {
+        if (!partial[rank].empty()) emit(rank, partial[rank]);
+        partial[rank].clear();
+        close(fds[rank]);
+        open[rank] = false;
+        --open_count;
+        continue;
+      }
+      partial[rank].append(buf, got);
+      size_t pos;
+      while ((pos = partial[rank].find('\n')) != std::string::npos) {
+        emit(rank, partial[rank].substr(0, pos));
+        partial[rank].erase(0, pos + 1);
+      }
+    }
+    reap(/*block=*/false);
+  }
+  reap(/*block=*/true);
+  return first_failure;
+}
+
+}  // namespace launch
+}  // namespace fsdp2

@@ -1,0 +1,51 @@
+// fsdp2/core/launch/local_launcher.h
+//
+// Runs a program as N ranks on this machine, like torchrun's --nproc or
+// Lightning's subprocess launcher: the current executable is started N times
+// with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free
+// MASTER_PORT, their output is forwarded line by line with a "[rank r]"
+// prefix, and if one rank fails the others are stopped.
+//
+// It also sets what LibTorch needs to run well on CPU unless the caller's
+// environment already says otherwise: OMP_NUM_THREADS (threads per rank) and
+// OPENBLAS_CORETYPE (OpenBLAS does not recognise some virtual CPUs and falls
+// back to slow generic kernels without it).
+#ifndef FSDP2_CORE_LAUNCH_LOCAL_LAUNCHER_H_
+#define FSDP2_CORE_LAUNCH_LOCAL_LAUNCHER_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fsdp2 {
+namespace launch {
+
+struct LocalLaunchOptions {
+  int nproc = 2;
+  // argv of each rank (argv[0] is ignored: the current executable runs).
+  std::vector<std::string> argv;
+  int threads_per_rank = 0;  // 0: cores / nproc, at least 1
+  std::map<std::string, std::string> env;  // extra variables for every rank
+};
+
+// Launches the ranks and waits for them. Returns 0 if every rank exited 0;
+// otherwise the first failing rank's exit code (128 + signal if killed),
+// after printing "fsdp2 launcher: rank R failed (...)" to stderr.
+// Throws std::invalid_argument if nproc < 1.
+int LaunchLocal(const LocalLaunchOptions& options);
+
+// True in a process started by LaunchLocal (or any launcher that set RANK).
+bool IsRankProcess();
+
+// The environment LibTorch wants for fast CPU training here: the OpenBLAS
+// core type matching this CPU's vector units, when it can tell. Variables the
+// caller already set are left out.
+std::map<std::string, std::string> CpuPerformanceEnv();
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FindFreePort();
+
+}  // namespace launch
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_LAUNCH_LOCAL_LAUNCHER_H_

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The main job: trains on 1 and 2 local ranks with the same global batch and
+# must print the same losses; bad input must give one line and a non-zero
+# exit, never a hang.
+set -uo pipefail
+train="$1"
+tmp="${TEST_TMPDIR:-/tmp}"
+fail=0
+
+run() { timeout 300 "$train" "$@" 2>&1; }
+losses() { grep -o 'loss [0-9.]*' | awk '{print $2}'; }
+
+common=(--steps 4 --n-layer 2 --n-embd 32 --n-head 2 --block-size 32 --threads 1)
+one=$(run --nproc 1 --batch-size 8 "${common[@]}" --metrics-out "$tmp/m1.jsonl") || { echo "nproc 1 failed"; echo "$one"; exit 1; }
+two=$(run --nproc 2 --batch-size 4 "${common[@]}" --metrics-out "$tmp/m2.jsonl") || { echo "nproc 2 failed"; echo "$two"; exit 1; }
+echo "$two"
+l1=$(echo "$one" | losses); l2=$(echo "$two" | losses)
+if [[ -z "$l1" || "$l1" != "$l2" ]]; then
+  echo "FAIL: losses differ between --nproc 1 and --nproc 2:"; paste <(echo "$l1") <(echo "$l2"); fail=1
+fi
+if [[ $(wc -l < "$tmp/m2.jsonl") -ne 4 ]] || ! grep -q '"tokens_per_s"' "$tmp/m2.jsonl" \
+   || ! grep -q '"peak_rss_bytes": \[[0-9]*, [0-9]*\]' "$tmp/m2.jsonl"; then
+  echo "FAIL: metrics file lacks one JSON line per step with tokens_per_s and per-rank peak memory"
+  cat "$tmp/m2.jsonl"; fail=1
+fi
+
+expect_error() {  # expected-text args...
+  local want="$1"; shift
+  out=$(run "$@"); code=$?
+  if [[ $code -eq 0 || $code -eq 124 ]] || ! grep -q -- "$want" <<<"$out" || [[ $(wc -l <<<"$out") -ne 1 ]]; then
+    echo "FAIL: '$*' should fail with one line containing '$want' (exit $code):"; echo "$out"; fail=1
+  fi
+}
+expect_error "--nproc must be at least 1" --nproc 0
+expect_error "unknown flag --bogus" --bogus 1
+expect_error "no such file" --data /nonexistent/corpus.txt
+expect_error "is a directory" --data "$tmp"
+expect_error "unknown sharding strategy" --strategy zero3
+expect_error "needs an even --nproc" --nproc 3 --strategy hybrid_shard
+
+if [[ $fail -ne 0 ]]; then exit 1; fi
+echo "examples_test: all checks passed"
