@@ -8,7 +8,7 @@
 // for several message sizes. Prints the median time of each, the bytes each
 // rank sent, and the ratio ring reduce-scatter / (all-reduce + slice).
 //
-//   bazel run -c opt //bench:collectives -- --nproc 2
+//   bazel run //bench:collectives -- --nproc 2
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
