@@ -4,7 +4,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <fstream>
@@ -129,10 +131,25 @@ std::pair<at::Tensor, at::Tensor> GlobalBatch(const TrainSpec& spec, int step,
   return {x, y};
 }
 
-torch::optim::AdamW MakeOptimizer(torch::nn::Module& model) {
-  return torch::optim::AdamW(
-      model.parameters(),
-      torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
+    const TrainSpec& spec, torch::nn::Module& model) {
+  if (spec.optimizer == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(
+        model.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  }
+  if (spec.optimizer == "adam") {
+    // No L2 decay: Adam normalises `grad + wd * p`, so parameters whose true
+    // gradient is zero (the key slice of an attention bias: softmax ignores
+    // a per-query constant) get steps of size ~lr whose sign is set by
+    // rounding noise, in any two runs that round differently.
+    return std::make_unique<torch::optim::Adam>(model.parameters(),
+                                                torch::optim::AdamOptions(1e-2));
+  }
+  if (spec.optimizer == "sgd") {
+    return std::make_unique<torch::optim::SGD>(
+        model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  throw std::invalid_argument("unknown optimizer " + spec.optimizer);
 }
 
 std::shared_ptr<comm::DeviceMesh> MakeMesh(
@@ -154,11 +171,11 @@ std::vector<std::string> TrainSpec::ToArgs() const {
   clip_s << clip;
   return {model, strategy, std::to_string(steps), std::to_string(batch_per_rank),
           dtype, mixed_precision, std::to_string(grad_accum), clip_s.str(),
-          std::to_string(seed)};
+          std::to_string(seed), optimizer};
 }
 
 TrainSpec TrainSpec::FromArgs(const std::vector<std::string>& a) {
-  if (a.size() != 9) throw std::invalid_argument("TrainSpec: need 9 args");
+  if (a.size() != 10) throw std::invalid_argument("TrainSpec: need 10 args");
   TrainSpec s;
   s.model = a[0];
   s.strategy = a[1];
@@ -169,6 +186,7 @@ TrainSpec TrainSpec::FromArgs(const std::vector<std::string>& a) {
   s.grad_accum = std::stoi(a[6]);
   s.clip = std::stod(a[7]);
   s.seed = std::stoull(a[8]);
+  s.optimizer = a[9];
   return s;
 }
 
@@ -178,24 +196,25 @@ std::string TrainSpec::Name() const {
   if (mixed_precision != "none") s << "/mp=" << mixed_precision;
   if (grad_accum > 1) s << "/accum=" << grad_accum;
   if (clip > 0) s << "/clip=" << clip;
+  if (optimizer != "adamw") s << "/" << optimizer;
   return s.str();
 }
 
 TrainOutput TrainReference(const TrainSpec& spec, int world) {
   Model m = BuildModel(spec);
-  auto optimizer = MakeOptimizer(*m.root);
+  auto optimizer = MakeOptimizer(spec, *m.root);
   TrainOutput out;
   const int64_t rows = world * spec.batch_per_rank * spec.grad_accum;
   for (int step = 0; step < spec.steps; ++step) {
     auto [x, y] = GlobalBatch(spec, step, rows);
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     at::Tensor loss = m.loss(x, y);
     loss.backward();
     if (spec.clip > 0) {
       out.grad_norms.push_back(
           torch::nn::utils::clip_grad_norm_(m.root->parameters(), spec.clip));
     }
-    optimizer.step();
+    optimizer->step();
     out.losses.push_back(loss.item<double>());
   }
   for (const auto& p : m.root->named_parameters()) {
@@ -217,7 +236,7 @@ TrainOutput TrainSharded(const TrainSpec& spec,
   }
   for (auto& unit : m.units) fsdp::fully_shard(unit, options);
   fsdp::fully_shard(m.root, options);
-  auto optimizer = MakeOptimizer(*m.root);
+  auto optimizer = MakeOptimizer(spec, *m.root);
   fsdp::reset_peak_unsharded_param_bytes();
 
   TrainOutput out;
@@ -225,7 +244,7 @@ TrainOutput TrainSharded(const TrainSpec& spec,
   const int64_t B = spec.batch_per_rank;
   for (int step = 0; step < spec.steps; ++step) {
     auto [x, y] = GlobalBatch(spec, step, n * B * spec.grad_accum);
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     double local_loss = 0;
     for (int micro = 0; micro < spec.grad_accum; ++micro) {
       const bool last = micro == spec.grad_accum - 1;
@@ -239,7 +258,7 @@ TrainOutput TrainSharded(const TrainSpec& spec,
     if (spec.clip > 0) {
       out.grad_norms.push_back(fsdp::clip_grad_norm_(*m.root, spec.clip));
     }
-    optimizer.step();
+    optimizer->step();
     at::Tensor global_loss = at::full({1}, local_loss, at::kDouble);
     world->group()->all_reduce(global_loss).wait();
     out.losses.push_back(global_loss.item<double>() / n);
@@ -310,7 +329,8 @@ double MaxLossRelDiff(const TrainOutput& a, const TrainOutput& b, double floor) 
   return worst;
 }
 
-double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b) {
+double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b,
+                       std::string* where) {
   if (a.params.size() != b.params.size()) return INFINITY;
   double worst = 0;
   for (size_t i = 0; i < a.params.size(); ++i) {
@@ -319,7 +339,16 @@ double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b) {
     at::Tensor y = b.params[i].second.to(at::kDouble).reshape({-1});
     if (x.numel() != y.numel()) return INFINITY;
     if (x.numel() == 0) continue;
-    worst = std::max(worst, (x - y).abs().max().item<double>());
+    const double diff = (x - y).abs().max().item<double>();
+    if (diff > worst && where != nullptr) {
+      const int64_t at = (x - y).abs().argmax().item<int64_t>();
+      std::ostringstream w;
+      w.precision(6);
+      w << a.params[i].first << "[" << at << "]: " << x[at].item<double>()
+        << " vs " << y[at].item<double>();
+      *where = w.str();
+    }
+    worst = std::max(worst, diff);
   }
   return worst;
 }

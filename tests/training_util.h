@@ -34,6 +34,7 @@ struct TrainSpec {
   int grad_accum = 1;
   double clip = 0;                   // max grad norm; 0 = no clipping
   uint64_t seed = 7;
+  std::string optimizer = "adamw";   // adamw | adam | sgd (momentum 0.9)
 
   std::vector<std::string> ToArgs() const;
   static TrainSpec FromArgs(const std::vector<std::string>& args);
@@ -60,8 +61,10 @@ TrainOutput ReadOutput(const std::string& path);
 
 // Largest |a - b| / max(|b|, floor) over the losses.
 double MaxLossRelDiff(const TrainOutput& a, const TrainOutput& b, double floor);
-// Largest |a - b| over all parameter elements (same names required).
-double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b);
+// Largest |a - b| over all parameter elements (same names required); the
+// parameter where it occurs goes to `where` when given.
+double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b,
+                       std::string* where = nullptr);
 
 }  // namespace testing
 }  // namespace fsdp2

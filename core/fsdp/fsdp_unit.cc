@@ -364,7 +364,7 @@ void FSDPUnit::lazy_init_as_root() {
 }
 
 void FSDPUnit::pre_forward() {
-  if (root_ == nullptr || (root_ == this && !is_root_)) lazy_init_as_root();
+  if (root_ == nullptr) lazy_init_as_root();  // the first unit entered
   if (is_root_) {
     if (!forward_order_.empty()) last_forward_order_ = forward_order_;
     forward_order_.clear();
