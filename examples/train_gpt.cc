@@ -10,6 +10,9 @@
 // sequences from a generator seeded by (seed, step), and rank r trains on
 // rows [r * batch-size, (r + 1) * batch-size). So runs with the same seed and
 // the same global batch print the same losses whatever --nproc is.
+//
+// Under torchrun, srun or mpirun (RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK
+// set) each process is one rank and --nproc is ignored.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -33,6 +36,7 @@
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
+#include "core/strategy/cluster_environment.h"
 
 namespace {
 
@@ -241,7 +245,9 @@ int RunRank(const Flags& f) {
   const char* threads_env = std::getenv("FSDP2_THREADS");
   at::set_num_threads(f.threads > 0 ? f.threads
                                     : (threads_env ? std::atoi(threads_env) : 1));
-  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  const auto cluster = strategy::ClusterEnvironment::Detect();
+  auto world = comm::World::Init(cluster.ToRendezvous(
+      std::chrono::seconds(300), std::getenv("FSDP2_BACKEND") ? std::getenv("FSDP2_BACKEND") : "gloo"));
   const int rank = world->rank(), n = world->size();
 
   at::Tensor tokens = LoadTokens(f);
@@ -349,7 +355,9 @@ int RunRank(const Flags& f) {
 int main(int argc, char** argv) {
   Flags flags = ParseFlags(argc, argv);
   try {
-    if (!launch::IsRankProcess()) {
+    // Started by torchrun, srun or mpirun: this process is one rank.
+    // Otherwise launch --nproc local ranks.
+    if (strategy::ClusterEnvironment::Detect().kind == strategy::ClusterKind::kLocal) {
       launch::LocalLaunchOptions options;
       options.nproc = flags.nproc;
       options.threads_per_rank = flags.threads;

@@ -1,0 +1,56 @@
+// fsdp2/core/strategy/cluster_environment.h
+//
+// ClusterEnvironment: who this process is in the job, read from the variables
+// that launchers set, so one binary runs under torchrun, srun or mpirun:
+//
+//   torchrun / torchelastic / fsdp2's launcher: RANK, WORLD_SIZE, LOCAL_RANK,
+//       GROUP_RANK, MASTER_ADDR, MASTER_PORT
+//   SLURM (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
+//       SLURM_JOB_NODELIST (first host is the master), SLURM_JOB_ID
+//   Open MPI (mpirun): OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+//       OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE
+//   none of those: a single local process.
+//
+// MASTER_ADDR and MASTER_PORT, when set, win over what is derived.
+#ifndef FSDP2_CORE_STRATEGY_CLUSTER_ENVIRONMENT_H_
+#define FSDP2_CORE_STRATEGY_CLUSTER_ENVIRONMENT_H_
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "core/comm/world.h"
+
+namespace fsdp2 {
+namespace strategy {
+
+enum class ClusterKind { kLocal, kTorchElastic, kSlurm, kOpenMPI };
+const char* ToString(ClusterKind kind);
+
+struct ClusterEnvironment {
+  ClusterKind kind = ClusterKind::kLocal;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+
+  using Getenv = std::function<const char*(const char*)>;
+  // Reads the environment (`getenv` is replaceable for tests). Throws
+  // std::invalid_argument naming the variable when a value is malformed,
+  // out of range, or the master address cannot be known.
+  static ClusterEnvironment Detect(const Getenv& getenv = ::getenv);
+
+  comm::RendezvousOptions ToRendezvous(std::chrono::milliseconds timeout,
+                                       const std::string& backend) const;
+  std::string ToString() const;
+};
+
+// The first host of a SLURM node list: "gpu[03-05,9],cpu1" -> "gpu03".
+std::string FirstSlurmHost(const std::string& nodelist);
+
+}  // namespace strategy
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_STRATEGY_CLUSTER_ENVIRONMENT_H_
