@@ -67,6 +67,44 @@ int FindFreePort() {
   return port;
 }
 
+std::map<std::string, std::string> CurrentEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+int SpawnSelf(const std::vector<std::string>& argv_in,
+              const std::map<std::string, std::string>& env, int output_fd) {
+  // Everything the child needs is built before fork(): after it, only
+  // async-signal-safe calls.
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (len <= 0) throw std::runtime_error("cannot read /proc/self/exe");
+  exe[len] = '\0';
+  std::vector<std::string> env_strings, args = argv_in;
+  if (args.empty()) args.push_back(exe);
+  for (const auto& kv : env) env_strings.push_back(kv.first + "=" + kv.second);
+  std::vector<char*> envp, argv;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork() failed");
+  if (pid == 0) {
+    dup2(output_fd, 1);
+    dup2(output_fd, 2);
+    if (output_fd > 2) close(output_fd);
+    execve(exe, argv.data(), envp.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 namespace {
 
 std::string Describe(int status) {
@@ -93,12 +131,7 @@ int LaunchLocal(const LocalLaunchOptions& options) {
   if (threads <= 0) {
     threads = std::max(1u, std::thread::hardware_concurrency() / n);
   }
-  std::map<std::string, std::string> base;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv(*e);
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
+  std::map<std::string, std::string> base = CurrentEnvironment();
   for (const auto& kv : CpuPerformanceEnv()) base.emplace(kv.first, kv.second);
   base["OMP_NUM_THREADS"] = std::to_string(threads);
   base["FSDP2_THREADS"] = std::to_string(threads);
@@ -107,39 +140,17 @@ int LaunchLocal(const LocalLaunchOptions& options) {
   base["WORLD_SIZE"] = std::to_string(n);
   for (const auto& kv : options.env) base[kv.first] = kv.second;
 
-  char exe[4096];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (len <= 0) throw std::runtime_error("cannot find /proc/self/exe");
-  exe[len] = '\0';
-
   std::vector<pid_t> pids(n);
   std::vector<int> fds(n);
   for (int rank = 0; rank < n; ++rank) {
     auto env = base;
     env["RANK"] = std::to_string(rank);
     env["LOCAL_RANK"] = std::to_string(rank);
-    std::vector<std::string> env_strings, args = options.argv;
-    if (args.empty()) args.push_back(exe);
-    for (const auto& kv : env) env_strings.push_back(kv.first + "=" + kv.second);
-    std::vector<char*> envp, argv;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
     int pipe_fds[2];
     if (pipe(pipe_fds) != 0) throw std::runtime_error("pipe() failed");
-    pid_t pid = fork();
-    if (pid < 0) throw std::runtime_error("fork() failed");
-    if (pid == 0) {
-      close(pipe_fds[0]);
-      dup2(pipe_fds[1], 1);
-      dup2(pipe_fds[1], 2);
-      close(pipe_fds[1]);
-      execve(exe, argv.data(), envp.data());
-      _exit(127);
-    }
+    fcntl(pipe_fds[0], F_SETFD, FD_CLOEXEC);
+    pids[rank] = SpawnSelf(options.argv, env, pipe_fds[1]);
     close(pipe_fds[1]);
-    pids[rank] = pid;
     fds[rank] = pipe_fds[0];
   }
 

@@ -45,6 +45,16 @@ std::map<std::string, std::string> CpuPerformanceEnv();
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FindFreePort();
 
+// This process's environment as a map.
+std::map<std::string, std::string> CurrentEnvironment();
+
+// Starts the current executable (/proc/self/exe) with `argv` (argv[0] as
+// given) and exactly the variables in `env`, its stdout and stderr written
+// to `output_fd` (the caller keeps and closes its own copy). Returns the
+// child's pid. Throws std::runtime_error if it cannot fork.
+int SpawnSelf(const std::vector<std::string>& argv,
+              const std::map<std::string, std::string>& env, int output_fd);
+
 }  // namespace launch
 }  // namespace fsdp2
 

@@ -18,8 +18,6 @@
 #include <sstream>
 #include <thread>
 
-extern char** environ;
-
 namespace fsdp2 {
 namespace testing {
 namespace {
@@ -82,14 +80,7 @@ LaunchResult LaunchRanks(const LaunchOptions& options) {
   std::vector<pid_t> pids(n, -1);
   std::vector<std::string> logs(n);
   for (int rank = 0; rank < n; ++rank) {
-    // Everything the child needs is built before fork(): after it, only
-    // async-signal-safe calls.
-    std::map<std::string, std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      std::string kv(*e);
-      auto eq = kv.find('=');
-      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
+    auto env = launch::CurrentEnvironment();
     env["RANK"] = std::to_string(rank);
     env["WORLD_SIZE"] = std::to_string(n);
     env["LOCAL_RANK"] = std::to_string(rank);
@@ -102,33 +93,14 @@ LaunchResult LaunchRanks(const LaunchOptions& options) {
     if (it != options.rank_env.end()) {
       for (const auto& kv : it->second) env[kv.first] = kv.second;
     }
-    std::vector<std::string> env_strings, arg_strings;
-    for (const auto& kv : env) env_strings.push_back(kv.first + "=" + kv.second);
-    arg_strings = {"/proc/self/exe", "--fsdp2_worker", options.scenario};
-    arg_strings.insert(arg_strings.end(), options.args.begin(),
-                       options.args.end());
-    std::vector<char*> envp, argv;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    for (auto& s : arg_strings) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    char exe[4096];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    exe[len < 0 ? 0 : len] = '\0';
+    std::vector<std::string> argv = {"/proc/self/exe", "--fsdp2_worker",
+                                     options.scenario};
+    argv.insert(argv.end(), options.args.begin(), options.args.end());
     logs[rank] = result.out_dir + "/rank" + std::to_string(rank) + ".log";
-
-    pid_t pid = fork();
-    if (pid == 0) {
-      int fd = open(logs[rank].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-      }
-      execve(exe, argv.data(), envp.data());
-      _exit(127);
-    }
-    pids[rank] = pid;
+    int fd = open(logs[rank].c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error("cannot create " + logs[rank]);
+    pids[rank] = launch::SpawnSelf(argv, env, fd);
+    close(fd);
   }
 
   result.ranks.resize(n);
