@@ -138,6 +138,7 @@ int LaunchLocal(const LocalLaunchOptions& options) {
   base["MASTER_ADDR"] = "127.0.0.1";
   base["MASTER_PORT"] = std::to_string(FindFreePort());
   base["WORLD_SIZE"] = std::to_string(n);
+  base["LOCAL_WORLD_SIZE"] = std::to_string(n);
   for (const auto& kv : options.env) base[kv.first] = kv.second;
 
   std::vector<pid_t> pids(n);

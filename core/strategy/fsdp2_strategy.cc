@@ -1,0 +1,362 @@
+#include "core/strategy/fsdp2_strategy.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+namespace fsdp2 {
+namespace strategy {
+
+ParallelSize ParallelSize::Parse(const std::string& text) {
+  if (text == "auto") return Auto();
+  try {
+    size_t used = 0;
+    const int n = std::stoi(text, &used);
+    if (used == text.size()) return Of(n);
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument("parallel size must be \"auto\" or a number, got '" +
+                              text + "'");
+}
+
+std::string ParallelSize::ToString() const {
+  return value ? std::to_string(*value) : "auto";
+}
+
+fsdp::MixedPrecisionPolicy DefaultMixedPrecision() {
+  fsdp::MixedPrecisionPolicy mp;
+  mp.param_dtype = at::kBFloat16;
+  mp.reduce_dtype = at::kFloat;
+  mp.output_dtype = at::kFloat;
+  return mp;
+}
+
+void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
+                        const fsdp::FSDPOptions& options) {
+  // Lists deeper in the tree come later in modules(); shard them first so
+  // units are applied bottom-up.
+  std::vector<std::shared_ptr<torch::nn::Module>> lists;
+  for (const auto& m : model->modules(/*include_self=*/true)) {
+    if (dynamic_cast<torch::nn::ModuleListImpl*>(m.get()) != nullptr) {
+      lists.push_back(m);
+    }
+  }
+  for (auto it = lists.rbegin(); it != lists.rend(); ++it) {
+    for (const auto& block : (*it)->children()) {
+      if (!fsdp::unit_of(*block)) fsdp::fully_shard(block, options);
+    }
+  }
+  fsdp::fully_shard(model, options);
+}
+
+DataLoader::DataLoader(Batch dataset, DistributedSampler sampler)
+    : dataset_(std::move(dataset)), sampler_(std::move(sampler)) {}
+
+Batch DataLoader::batch(int64_t index) const {
+  const std::vector<int64_t> rows = sampler_.local_batch(index);
+  at::Tensor idx = at::tensor(rows, at::kLong);
+  Batch out;
+  for (const auto& t : dataset_) out.push_back(t.index_select(0, idx));
+  return out;
+}
+
+FSDP2Strategy::FSDP2Strategy(FSDP2StrategyOptions options)
+    : options_(std::move(options)) {
+  for (const auto& [name, size] :
+       {std::make_pair("data_parallel_size", options_.data_parallel_size),
+        std::make_pair("tensor_parallel_size", options_.tensor_parallel_size)}) {
+    if (size.value && *size.value < 1) {
+      throw std::invalid_argument(std::string("FSDP2Strategy: ") + name +
+                                  " must be \"auto\" or positive, got " +
+                                  std::to_string(*size.value));
+    }
+  }
+  if (options_.shard_group_size < 0) {
+    throw std::invalid_argument(
+        "FSDP2Strategy: shard_group_size must be 0 (auto) or positive");
+  }
+  if (options_.cpu_offload) {
+    throw std::invalid_argument(
+        "FSDP2Strategy: cpu_offload is not supported on this device: this "
+        "build trains on the CPU, where parameters, gradients and optimizer "
+        "state already live in host memory; set cpu_offload = false");
+  }
+  if (options_.backend != "gloo" && options_.backend != "nccl") {
+    throw std::invalid_argument("FSDP2Strategy: backend must be gloo or nccl, got '" +
+                                options_.backend + "'");
+  }
+  if (options_.timeout.count() <= 0) {
+    throw std::invalid_argument("FSDP2Strategy: timeout must be positive");
+  }
+}
+
+FSDP2Strategy::~FSDP2Strategy() = default;
+
+void FSDP2Strategy::require(bool setup, bool parallelized,
+                            const char* what) const {
+  if (setup && !world_) {
+    throw std::logic_error(std::string("FSDP2Strategy::") + what +
+                           ": call setup_environment() first");
+  }
+  if (parallelized && !parallelized_) {
+    throw std::logic_error(std::string("FSDP2Strategy::") + what +
+                           ": call connect() and parallelize() first");
+  }
+}
+
+void FSDP2Strategy::setup_environment() {
+  if (world_) throw std::logic_error("FSDP2Strategy: setup_environment() was already called");
+  cluster_ = ClusterEnvironment::Detect();
+  const int world = cluster_.world_size;
+  const int tp = options_.tensor_parallel_size.value.value_or(1);
+  if (tp != 1) {
+    throw std::invalid_argument(
+        "FSDP2Strategy: tensor_parallel_size " + std::to_string(tp) +
+        " needs tensor parallelism, which fsdp2 does not have yet; use "
+        "tensor_parallel_size = 1 (or \"auto\")");
+  }
+  if (world % tp != 0) {
+    throw std::invalid_argument("FSDP2Strategy: the world size " + std::to_string(world) +
+                                " is not a multiple of tensor_parallel_size " +
+                                std::to_string(tp));
+  }
+  const int dp = options_.data_parallel_size.value.value_or(world / tp);
+  if (dp * tp != world) {
+    throw std::invalid_argument(
+        "FSDP2Strategy: data_parallel_size (" + std::to_string(dp) +
+        ") x tensor_parallel_size (" + std::to_string(tp) + ") = " +
+        std::to_string(dp * tp) + ", but the job has " + std::to_string(world) +
+        " ranks; make the product equal the world size or use \"auto\"");
+  }
+  int shard = 0;
+  if (options_.sharding_strategy == fsdp::ShardingStrategy::kHybridShard) {
+    shard = options_.shard_group_size;
+    if (shard == 0) {
+      const char* local = std::getenv("LOCAL_WORLD_SIZE");
+      shard = local != nullptr ? std::atoi(local) : dp;
+    }
+    if (shard < 1 || dp % shard != 0) {
+      throw std::invalid_argument(
+          "FSDP2Strategy: HYBRID_SHARD needs a 2-D (replicate x shard) mesh, "
+          "but shard_group_size " + std::to_string(shard) +
+          " does not divide data_parallel_size " + std::to_string(dp) +
+          "; set shard_group_size to a divisor");
+    }
+  }
+  world_ = comm::World::Init(cluster_.ToRendezvous(options_.timeout, options_.backend));
+  dp_size_ = dp;
+  tp_size_ = tp;
+  mesh_ = comm::DeviceMesh::Create(world_, {dp, tp}, {"dp", "tp"});
+  fsdp_mesh_ = shard > 0 ? comm::DeviceMesh::Create(world_, {dp / shard, shard},
+                                                    {"replicate", "shard"})
+                         : mesh_;
+  torch::manual_seed(options_.seed);
+}
+
+void FSDP2Strategy::connect(std::shared_ptr<TrainingModule> module) {
+  if (!module || !module->module()) {
+    throw std::invalid_argument("FSDP2Strategy::connect: no module");
+  }
+  if (parallelized_) {
+    throw std::logic_error("FSDP2Strategy::connect: a module is already parallelized");
+  }
+  module_ = std::move(module);
+}
+
+void FSDP2Strategy::parallelize() {
+  require(/*setup=*/true, /*parallelized=*/false, "parallelize");
+  if (!module_) throw std::logic_error("FSDP2Strategy::parallelize: call connect() first");
+  if (parallelized_) {
+    std::cerr << "fsdp2: FSDP2Strategy::parallelize() was already applied; "
+                 "ignoring this call\n";
+    return;
+  }
+  fsdp::FSDPOptions fsdp_options;
+  fsdp_options.mesh = fsdp_mesh_;
+  fsdp_options.strategy = options_.sharding_strategy;
+  fsdp_options.reshard_after_forward = options_.reshard_after_forward;
+  fsdp_options.mp_policy = options_.mp_policy;
+  if (fsdp_mesh_ == mesh_) {
+    fsdp_options.shard_dim = "dp";
+    fsdp_options.replicate_dim = "dp";
+  }
+  const ParallelizeFn& fn =
+      options_.parallelize_fn ? options_.parallelize_fn : DefaultParallelize;
+  fn(module_->module(), fsdp_options);
+  optimizer_ = module_->configure_optimizers();
+  if (!optimizer_) {
+    throw std::logic_error("FSDP2Strategy::parallelize: configure_optimizers() returned null");
+  }
+  parallelized_ = true;
+}
+
+at::Tensor FSDP2Strategy::apply_loss_reduction(StepType step, const Batch& batch,
+                                               at::Tensor output) {
+  if (auto reduction = module_->loss_reduction(step)) {
+    return reduction->forward(batch, output);
+  }
+  return output;
+}
+
+at::Tensor FSDP2Strategy::training_step(const Batch& batch, int64_t batch_idx) {
+  require(true, true, "training_step");
+  if (pending_optimizer_state_) {
+    // Deferred restoration: the optimizer has state only now.
+    torch::serialize::InputArchive archive;
+    std::istringstream in(*pending_optimizer_state_);
+    archive.load_from(in);
+    optimizer_->load(archive);
+    pending_optimizer_state_.reset();
+  }
+  at::Tensor loss = apply_loss_reduction(
+      StepType::kTraining, batch, module_->training_step(batch, batch_idx));
+  if (!loss.defined() || loss.numel() != 1) {
+    throw std::logic_error(
+        "FSDP2Strategy::training_step: the step (after its loss reduction) "
+        "must give a scalar loss");
+  }
+  return loss;
+}
+
+void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
+  require(true, true, "backward");
+  fsdp::set_requires_gradient_sync(*module_->module(), sync_gradients);
+  loss.backward();
+}
+
+double FSDP2Strategy::optimizer_step(double max_grad_norm) {
+  require(true, true, "optimizer_step");
+  const double norm = max_grad_norm > 0
+                          ? fsdp::clip_grad_norm_(*module_->module(), max_grad_norm)
+                          : 0.0;
+  optimizer_->step();
+  optimizer_->zero_grad();
+  ++global_step_;
+  return norm;
+}
+
+at::Tensor FSDP2Strategy::evaluation_step(StepType step, const Batch& batch,
+                                          int64_t idx) {
+  at::NoGradGuard no_grad;
+  at::Tensor output = step == StepType::kValidation
+                          ? module_->validation_step(batch, idx)
+                          : module_->test_step(batch, idx);
+  return reduce(apply_loss_reduction(step, batch, output), /*mean=*/true);
+}
+
+at::Tensor FSDP2Strategy::validation_step(const Batch& batch, int64_t batch_idx) {
+  require(true, true, "validation_step");
+  return evaluation_step(StepType::kValidation, batch, batch_idx);
+}
+
+at::Tensor FSDP2Strategy::test_step(const Batch& batch, int64_t batch_idx) {
+  require(true, true, "test_step");
+  return evaluation_step(StepType::kTest, batch, batch_idx);
+}
+
+at::Tensor FSDP2Strategy::predict_step(const Batch& batch, int64_t batch_idx) {
+  require(true, true, "predict_step");
+  at::NoGradGuard no_grad;
+  return module_->predict_step(batch, batch_idx);
+}
+
+DataLoader FSDP2Strategy::process_dataloader(Batch dataset,
+                                             int64_t global_batch_size) const {
+  require(true, false, "process_dataloader");
+  if (dataset.empty()) {
+    throw std::invalid_argument("process_dataloader: the dataset has no tensors");
+  }
+  for (const auto& t : dataset) {
+    if (!t.defined() || t.dim() == 0 || t.size(0) != dataset[0].size(0)) {
+      throw std::invalid_argument(
+          "process_dataloader: every dataset tensor needs the same first "
+          "dimension (the rows)");
+    }
+  }
+  DistributedSamplerOptions options = options_.data_sampler;
+  options.global_batch_size = global_batch_size;
+  DistributedSampler sampler(dataset[0].size(0), data_parallel_rank(), dp_size_,
+                             options);
+  return DataLoader(std::move(dataset), std::move(sampler));
+}
+
+std::string FSDP2Strategy::optimizer_state_dict() const {
+  require(true, true, "optimizer_state_dict");
+  torch::serialize::OutputArchive archive;
+  optimizer_->save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void FSDP2Strategy::load_optimizer_state_dict(std::string state) {
+  if (state.empty()) {
+    throw std::invalid_argument("load_optimizer_state_dict: empty state");
+  }
+  pending_optimizer_state_ = std::move(state);
+}
+
+std::vector<std::pair<std::string, at::Tensor>>
+FSDP2Strategy::lightning_module_state_dict(bool rank0_only) {
+  require(true, true, "lightning_module_state_dict");
+  auto state = fsdp::full_state_dict(*module_->module());
+  if (rank0_only && world_->rank() != 0) state.clear();
+  return state;
+}
+
+void FSDP2Strategy::load_model_state_dict(
+    const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
+  require(true, true, "load_model_state_dict");
+  fsdp::load_full_state_dict(*module_->module(), state, strict);
+}
+
+void FSDP2Strategy::barrier() {
+  require(true, false, "barrier");
+  world_->group()->barrier().wait();
+}
+
+void FSDP2Strategy::broadcast(at::Tensor& tensor, int src) {
+  require(true, false, "broadcast");
+  at::Tensor buffer = tensor.contiguous();
+  world_->group()->broadcast(buffer, src).wait();
+  if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+}
+
+at::Tensor FSDP2Strategy::reduce(const at::Tensor& tensor, bool mean) {
+  require(true, false, "reduce");
+  at::Tensor out = tensor.detach().clone().contiguous();
+  mesh_->group("dp")->all_reduce(out).wait();
+  if (mean) out.div_(dp_size_);
+  return out;
+}
+
+void FSDP2Strategy::teardown() {
+  optimizer_.reset();
+  pending_optimizer_state_.reset();
+}
+
+int FSDP2Strategy::data_parallel_rank() const {
+  require(true, false, "data_parallel_rank");
+  return mesh_->local_rank("dp");
+}
+
+torch::optim::Optimizer& FSDP2Strategy::optimizer() {
+  require(true, true, "optimizer");
+  return *optimizer_;
+}
+
+TrainingModule& FSDP2Strategy::module() {
+  if (!module_) throw std::logic_error("FSDP2Strategy::module: call connect() first");
+  return *module_;
+}
+
+}  // namespace strategy
+}  // namespace fsdp2

@@ -1,0 +1,211 @@
+// fsdp2/core/strategy/fsdp2_strategy.h
+//
+// FSDP2Strategy: the user-facing strategy, after NeMo/Lightning's
+// FSDP2Strategy. Its life:
+//
+//   FSDP2Strategy strategy(options);
+//   strategy.setup_environment();        // cluster env, process groups, mesh,
+//                                        // same seed on every rank
+//   auto module = std::make_shared<MyModule>(...);  // built after seeding
+//   strategy.connect(module);
+//   strategy.parallelize();              // parallelize_fn once; optimizer
+//   auto loader = strategy.process_dataloader(dataset, global_batch_size);
+//   for (int64_t i = 0; i < loader.num_batches(); ++i) {
+//     at::Tensor loss = strategy.training_step(loader.batch(i), i);
+//     strategy.backward(loss);
+//     strategy.optimizer_step(/*max_grad_norm=*/1.0);
+//   }
+//   strategy.teardown();
+//
+// Every method that communicates is collective over all ranks. Errors are
+// std::invalid_argument (bad options, with what to change) or
+// std::logic_error (calls in the wrong order).
+#ifndef FSDP2_CORE_STRATEGY_FSDP2_STRATEGY_H_
+#define FSDP2_CORE_STRATEGY_FSDP2_STRATEGY_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/comm/device_mesh.h"
+#include "core/comm/world.h"
+#include "core/fsdp/fully_shard.h"
+#include "core/strategy/cluster_environment.h"
+#include "core/strategy/distributed_sampler.h"
+#include "core/strategy/training_module.h"
+
+namespace fsdp2 {
+namespace strategy {
+
+// "auto" or a positive number.
+struct ParallelSize {
+  c10::optional<int> value;  // nullopt: auto
+  static ParallelSize Auto() { return {}; }
+  static ParallelSize Of(int n) { return {n}; }
+  // "auto" or an integer; throws std::invalid_argument otherwise.
+  static ParallelSize Parse(const std::string& text);
+  std::string ToString() const;
+};
+
+// Applies FSDP (and, later, tensor parallelism) to the model. Called once by
+// parallelize() with the options the strategy derived.
+using ParallelizeFn = std::function<void(
+    const std::shared_ptr<torch::nn::Module>& model,
+    const fsdp::FSDPOptions& options)>;
+
+// The reference fsdp2_strategy_parallelize: every child of every ModuleList
+// in the model becomes its own unit (transformer blocks), then the root.
+void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
+                        const fsdp::FSDPOptions& options);
+
+// The default mixed-precision policy: bf16 parameters and compute, fp32
+// gradient reduction, fp32 outputs.
+fsdp::MixedPrecisionPolicy DefaultMixedPrecision();
+
+struct FSDP2StrategyOptions {
+  // data x tensor parallel ranks must equal the world size. auto: the tensor
+  // parallel size is 1 (fsdp2 has no tensor-parallel layer yet, where NeMo's
+  // auto puts every process of a node in one tensor-parallel group) and the
+  // data-parallel size is whatever remains.
+  ParallelSize data_parallel_size;
+  ParallelSize tensor_parallel_size;
+  // Shuffling, seed and drop-last of process_dataloader()'s sampler.
+  DistributedSamplerOptions data_sampler;
+  fsdp::MixedPrecisionPolicy mp_policy = DefaultMixedPrecision();
+  fsdp::ShardingStrategy sharding_strategy = fsdp::ShardingStrategy::kFullShard;
+  c10::optional<bool> reshard_after_forward;
+  // HYBRID_SHARD: ranks per shard group (0: the ranks of one node); the
+  // data-parallel ranks form a (replicate x shard) mesh.
+  int shard_group_size = 0;
+  // Keep sharded state in host memory. Refused on this CPU-only build: the
+  // state already lives there.
+  bool cpu_offload = false;
+  std::string backend = "gloo";
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  uint64_t seed = 0;  // torch::manual_seed on every rank in setup_environment
+  ParallelizeFn parallelize_fn;  // empty: DefaultParallelize
+};
+
+// This rank's rows of a dataset held as tensors with a common first dim,
+// cut into global batches by a DistributedSampler.
+class DataLoader {
+ public:
+  DataLoader(Batch dataset, DistributedSampler sampler);
+  int64_t num_batches() const { return sampler_.num_batches(); }
+  Batch batch(int64_t index) const;  // this rank's rows of global batch
+  void set_epoch(int64_t epoch) { sampler_.set_epoch(epoch); }
+  const DistributedSampler& sampler() const { return sampler_; }
+
+ private:
+  Batch dataset_;
+  DistributedSampler sampler_;
+};
+
+class FSDP2Strategy {
+ public:
+  explicit FSDP2Strategy(FSDP2StrategyOptions options = {});
+  ~FSDP2Strategy();
+  FSDP2Strategy(const FSDP2Strategy&) = delete;
+  FSDP2Strategy& operator=(const FSDP2Strategy&) = delete;
+
+  // Reads the cluster environment, joins the process group, builds the
+  // (dp, tp) device mesh and seeds every rank alike.
+  void setup_environment();
+  void connect(std::shared_ptr<TrainingModule> module);
+  // Applies parallelize_fn once and builds the optimizer. A second call
+  // warns on stderr and does nothing.
+  void parallelize();
+
+  // Runs the module's training step (first applying an optimizer state
+  // given to load_optimizer_state_dict) and its training loss reduction.
+  // Returns the loss, attached to the graph.
+  at::Tensor training_step(const Batch& batch, int64_t batch_idx);
+  // Backpropagates `loss`. With sync off (gradient accumulation), gradients
+  // accumulate locally without communication.
+  void backward(const at::Tensor& loss, bool sync_gradients = true);
+  // Clips gradients to a global norm (if max_grad_norm > 0), steps the
+  // optimizer, zeroes gradients and counts the step. Returns the norm
+  // before clipping (0 when not clipping).
+  double optimizer_step(double max_grad_norm = 0);
+  // Without gradients; the loss averaged over the data-parallel ranks.
+  at::Tensor validation_step(const Batch& batch, int64_t batch_idx);
+  at::Tensor test_step(const Batch& batch, int64_t batch_idx);
+  // Without gradients; this rank's predictions.
+  at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
+
+  // A loader over this data-parallel rank's rows (see DataLoader).
+  DataLoader process_dataloader(Batch dataset, int64_t global_batch_size) const;
+
+  // This rank's optimizer state (it holds the state of the local shards),
+  // serialized.
+  std::string optimizer_state_dict() const;
+  // Keeps `state` and applies it at the next training_step, once (the
+  // optimizer only has state after parallelize()).
+  void load_optimizer_state_dict(std::string state);
+  bool has_pending_optimizer_state() const { return pending_optimizer_state_.has_value(); }
+
+  // Full (unsharded) parameters by name. Collective; with rank0_only the
+  // other ranks get an empty list.
+  std::vector<std::pair<std::string, at::Tensor>> lightning_module_state_dict(
+      bool rank0_only = false);
+  // Shards a full state dict into the live model (each rank keeps its rows).
+  void load_model_state_dict(
+      const std::vector<std::pair<std::string, at::Tensor>>& state,
+      bool strict = true);
+
+  void barrier();
+  // `tensor` from `src` (a world rank) on every rank, in place.
+  void broadcast(at::Tensor& tensor, int src = 0);
+  // Sum or mean over the data-parallel ranks, as a new tensor.
+  at::Tensor reduce(const at::Tensor& tensor, bool mean = true);
+  // Ends the step counters, drops the optimizer and the process groups.
+  void teardown();
+
+  struct EpochStep {
+    int64_t epoch = 0;
+    int64_t step = 0;  // optimizer steps taken
+  };
+  EpochStep current_epoch_step() const { return {epoch_, global_step_}; }
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+
+  const FSDP2StrategyOptions& options() const { return options_; }
+  const ClusterEnvironment& cluster() const { return cluster_; }
+  const std::shared_ptr<comm::World>& world() const { return world_; }
+  const std::shared_ptr<comm::DeviceMesh>& mesh() const { return mesh_; }
+  int data_parallel_rank() const;
+  int data_parallel_size() const { return dp_size_; }
+  int tensor_parallel_size() const { return tp_size_; }
+  torch::optim::Optimizer& optimizer();
+  TrainingModule& module();
+
+ private:
+  void require(bool setup, bool parallelized, const char* what) const;
+  at::Tensor apply_loss_reduction(StepType step, const Batch& batch,
+                                  at::Tensor output);
+  at::Tensor evaluation_step(StepType step, const Batch& batch, int64_t idx);
+
+  FSDP2StrategyOptions options_;
+  ClusterEnvironment cluster_;
+  std::shared_ptr<comm::World> world_;
+  std::shared_ptr<comm::DeviceMesh> mesh_;     // (dp, tp)
+  std::shared_ptr<comm::DeviceMesh> fsdp_mesh_;  // what fully_shard uses
+  int dp_size_ = 0;
+  int tp_size_ = 0;
+  std::shared_ptr<TrainingModule> module_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  bool parallelized_ = false;
+  c10::optional<std::string> pending_optimizer_state_;
+  int64_t epoch_ = 0;
+  int64_t global_step_ = 0;
+};
+
+}  // namespace strategy
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_STRATEGY_FSDP2_STRATEGY_H_

@@ -1,0 +1,297 @@
+// FSDP2Strategy end to end on 1-4 ranks: training through the strategy equals
+// single-process training, a run resumed in new processes through
+// load_model_state_dict + the deferred load_optimizer_state_dict continues
+// with the same losses, and the strategy's contract and errors.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/launch/local_launcher.h"
+#include "core/models/gpt.h"
+#include "core/strategy/fsdp2_strategy.h"
+#include "tests/harness/multi_process.h"
+
+namespace fsdp2 {
+namespace testing {
+namespace {
+
+using strategy::Batch;
+
+constexpr uint64_t kSeed = 11;
+constexpr int64_t kGlobalBatch = 8;
+
+models::GPTConfig TinyGPT() {
+  models::GPTConfig c;
+  c.vocab_size = 32;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  return c;
+}
+
+Batch Dataset(int64_t rows) {
+  auto gen = at::detail::createCPUGenerator(99);
+  at::Tensor tokens = at::randint(TinyGPT().vocab_size, {rows, 9}, gen,
+                                  at::TensorOptions().dtype(at::kLong));
+  return {tokens.narrow(1, 0, 8).contiguous(), tokens.narrow(1, 1, 8).contiguous()};
+}
+
+// Counts how often the strategy applies it; the loss is the module's.
+struct CountingReduction : strategy::LossReduction {
+  int calls = 0;
+  at::Tensor forward(const Batch&, const at::Tensor& output) override {
+    ++calls;
+    return output;
+  }
+};
+
+class GPTModule : public strategy::TrainingModule {
+ public:
+  GPTModule() : gpt_(TinyGPT()) { gpt_->to(at::kDouble); }
+  std::shared_ptr<torch::nn::Module> module() override { return gpt_.ptr(); }
+  at::Tensor training_step(const Batch& b, int64_t) override { return Loss(b); }
+  at::Tensor validation_step(const Batch& b, int64_t) override { return Loss(b); }
+  at::Tensor predict_step(const Batch& b, int64_t) override {
+    return fsdp::forward(gpt_, b[0]).argmax(-1);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
+    return std::make_unique<torch::optim::AdamW>(
+        gpt_->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  }
+  std::shared_ptr<strategy::LossReduction> loss_reduction(
+      strategy::StepType step) override {
+    return step == strategy::StepType::kTraining ? reduction : nullptr;
+  }
+  at::Tensor Loss(const Batch& b) {
+    return models::LanguageModelLoss(fsdp::forward(gpt_, b[0]), b[1]);
+  }
+  models::GPT gpt_;
+  std::shared_ptr<CountingReduction> reduction = std::make_shared<CountingReduction>();
+};
+
+strategy::FSDP2StrategyOptions Options() {
+  strategy::FSDP2StrategyOptions o;
+  o.mp_policy = fsdp::MixedPrecisionPolicy{};  // float64 throughout
+  o.seed = kSeed;
+  o.data_sampler.seed = 5;
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+// The reference: one process, no FSDP, the same global batches.
+std::vector<double> ReferenceLosses(int steps) {
+  torch::manual_seed(kSeed);
+  GPTModule m;
+  auto optimizer = m.configure_optimizers();
+  auto data = Dataset(64);
+  strategy::DistributedSamplerOptions so;
+  so.seed = 5;
+  so.global_batch_size = kGlobalBatch;
+  strategy::DistributedSampler sampler(64, 0, 1, so);
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    at::Tensor idx = at::tensor(sampler.global_batch(i), at::kLong);
+    at::Tensor loss = m.Loss({data[0].index_select(0, idx), data[1].index_select(0, idx)});
+    loss.backward();
+    optimizer->step();
+    optimizer->zero_grad();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+std::vector<double> ReadNumbers(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<double> v;
+  double x;
+  while (in >> x) v.push_back(x);
+  return v;
+}
+
+// args: first_step end_step [state_in_dir] [state_out_dir]
+FSDP2_SCENARIO(strategy_train) {
+  const int first = std::stoi(args.at(0)), end = std::stoi(args.at(1));
+  const std::string state_in = args.size() > 2 ? args[2] : "-";
+  const std::string state_out = args.size() > 3 ? args[3] : "-";
+  strategy::FSDP2Strategy s(Options());
+  s.setup_environment();
+  auto module = std::make_shared<GPTModule>();
+  s.connect(module);
+  s.parallelize();
+  s.parallelize();  // warns, does nothing
+  const int rank = s.world()->rank();
+  if (state_in != "-") {
+    std::vector<at::Tensor> values;
+    torch::load(values, state_in + "/model.pt");
+    std::vector<std::pair<std::string, at::Tensor>> state;
+    auto names = module->module()->named_parameters().keys();
+    for (size_t i = 0; i < names.size(); ++i) state.emplace_back(names[i], values.at(i));
+    s.load_model_state_dict(state);
+    std::ifstream in(state_in + "/optim" + std::to_string(rank) + ".bin", std::ios::binary);
+    s.load_optimizer_state_dict(std::string(std::istreambuf_iterator<char>(in), {}));
+    if (!s.has_pending_optimizer_state()) throw std::runtime_error("state not kept");
+  }
+  auto loader = s.process_dataloader(Dataset(64), kGlobalBatch);
+  std::ofstream out(WorkerOutDir() + "/losses" + std::to_string(rank) + ".txt");
+  out.precision(17);
+  for (int i = first; i < end; ++i) {
+    at::Tensor loss = s.training_step(loader.batch(i), i);
+    if (s.has_pending_optimizer_state()) throw std::runtime_error("state not applied");
+    s.backward(loss);
+    s.optimizer_step();
+    out << s.reduce(loss).item<double>() << "\n";
+  }
+  if (module->reduction->calls != end - first) {
+    throw std::runtime_error("training loss reduction was not applied once per step");
+  }
+  if (s.current_epoch_step().step != end - first) throw std::runtime_error("step count");
+  // Validation on global batch 0: the mean over data-parallel ranks.
+  auto val = s.process_dataloader(Dataset(64), kGlobalBatch);
+  std::ofstream(WorkerOutDir() + "/val" + std::to_string(rank) + ".txt")
+      << std::setprecision(17) << s.validation_step(val.batch(0), 0).item<double>();
+  at::Tensor pred = s.predict_step(val.batch(0), 0);
+  if (pred.size(0) != kGlobalBatch / s.data_parallel_size()) {
+    throw std::runtime_error("predict_step must return this rank's rows");
+  }
+  if (state_out != "-") {
+    auto full = s.lightning_module_state_dict(/*rank0_only=*/true);
+    if (rank == 0) {
+      std::vector<at::Tensor> values;
+      for (auto& kv : full) values.push_back(kv.second);
+      torch::save(values, state_out + "/model.pt");
+    } else if (!full.empty()) {
+      throw std::runtime_error("rank0_only state dict on rank " + std::to_string(rank));
+    }
+    std::ofstream opt(state_out + "/optim" + std::to_string(rank) + ".bin", std::ios::binary);
+    opt << s.optimizer_state_dict();
+  }
+  s.barrier();
+  s.teardown();
+}
+
+LaunchResult Launch(int n, std::vector<std::string> args) {
+  LaunchOptions o;
+  o.world_size = n;
+  o.scenario = "strategy_train";
+  o.args = std::move(args);
+  o.timeout = std::chrono::seconds(180);
+  return LaunchRanks(o);
+}
+
+TEST(FSDP2Strategy, TrainsLikeOneProcessAndValidatesOverAllRanks) {
+  const int steps = 6;
+  const auto ref = ReferenceLosses(steps);
+  // Reference validation loss: the model after `steps` steps on batch 0.
+  for (int n : {1, 2, 3, 4}) {
+    if (kGlobalBatch % n != 0) continue;  // 3 ranks cannot split 8 rows
+    auto r = Launch(n, {"0", std::to_string(steps)});
+    ASSERT_TRUE(r.ok()) << r.Describe();
+    for (int rank = 0; rank < n; ++rank) {
+      auto losses = ReadNumbers(r.out_dir + "/losses" + std::to_string(rank) + ".txt");
+      ASSERT_EQ(losses.size(), ref.size());
+      for (int i = 0; i < steps; ++i) {
+        EXPECT_NEAR(losses[i], ref[i], 1e-11 * ref[i]) << "N=" << n << " step " << i;
+      }
+      auto val = ReadNumbers(r.out_dir + "/val" + std::to_string(rank) + ".txt");
+      auto val0 = ReadNumbers(r.out_dir + "/val0.txt");
+      ASSERT_EQ(val.size(), 1u);
+      EXPECT_EQ(val[0], val0[0]) << "validation loss differs between ranks";
+    }
+    std::printf("N=%d: %d strategy steps equal single-process training\n", n, steps);
+  }
+}
+
+TEST(FSDP2Strategy, Rejects3RanksForAGlobalBatchOf8) {
+  auto r = Launch(3, {"0", "1"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.ranks[0].log.find("multiple of the data-parallel size"), std::string::npos)
+      << r.Describe();
+}
+
+TEST(FSDP2Strategy, ResumeWithDeferredOptimizerStateContinuesTheSameRun) {
+  const int steps = 6;
+  const auto ref = ReferenceLosses(steps);
+  for (int n : {1, 2, 4}) {
+    const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/resume" +
+                            std::to_string(n);
+    ASSERT_EQ(system(("mkdir -p " + dir).c_str()), 0);
+    auto first = Launch(n, {"0", "3", "-", dir});
+    ASSERT_TRUE(first.ok()) << first.Describe();
+    auto second = Launch(n, {"3", std::to_string(steps), dir, "-"});
+    ASSERT_TRUE(second.ok()) << second.Describe();
+    auto a = ReadNumbers(first.out_dir + "/losses0.txt");
+    auto b = ReadNumbers(second.out_dir + "/losses0.txt");
+    a.insert(a.end(), b.begin(), b.end());
+    ASSERT_EQ(a.size(), ref.size());
+    for (int i = 0; i < steps; ++i) {
+      EXPECT_NEAR(a[i], ref[i], 1e-11 * ref[i]) << "N=" << n << " step " << i;
+    }
+  }
+}
+
+class TinyModule : public strategy::TrainingModule {
+ public:
+  std::shared_ptr<torch::nn::Module> module() override { return linear.ptr(); }
+  at::Tensor training_step(const Batch& b, int64_t) override {
+    return fsdp::forward(linear, b[0]).sum();
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
+    return std::make_unique<torch::optim::AdamW>(linear->parameters());
+  }
+  torch::nn::Linear linear{4, 4};
+};
+
+TEST(FSDP2Strategy, BadOptionsSayWhatToChange) {
+  auto expect_invalid = [](strategy::FSDP2StrategyOptions o, const std::string& text,
+                           bool at_setup) {
+    try {
+      strategy::FSDP2Strategy s(o);
+      if (at_setup) s.setup_environment();
+      FAIL() << "expected std::invalid_argument containing '" << text << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  auto o = Options();
+  o.data_parallel_size = strategy::ParallelSize::Of(-1);
+  expect_invalid(o, "must be \"auto\" or positive", false);
+  o = Options();
+  o.cpu_offload = true;
+  expect_invalid(o, "not supported on this device", false);
+  o = Options();
+  o.backend = "mpi";
+  expect_invalid(o, "gloo or nccl", false);
+  o = Options();  // this test process is a world of 1
+  o.data_parallel_size = strategy::ParallelSize::Of(2);
+  expect_invalid(o, "make the product equal the world size", true);
+  o = Options();
+  o.tensor_parallel_size = strategy::ParallelSize::Of(2);
+  expect_invalid(o, "tensor_parallel_size = 1", true);
+  o = Options();
+  o.sharding_strategy = fsdp::ShardingStrategy::kHybridShard;
+  o.shard_group_size = 3;
+  expect_invalid(o, "HYBRID_SHARD needs a 2-D", true);
+  EXPECT_EQ(strategy::ParallelSize::Parse("auto").ToString(), "auto");
+  EXPECT_EQ(*strategy::ParallelSize::Parse("4").value, 4);
+  EXPECT_THROW(strategy::ParallelSize::Parse("four"), std::invalid_argument);
+}
+
+TEST(FSDP2Strategy, CallsInTheWrongOrderAreLogicErrors) {
+  strategy::FSDP2Strategy s(Options());
+  EXPECT_THROW(s.training_step({at::ones({1, 4})}, 0), std::logic_error);
+  EXPECT_THROW(s.parallelize(), std::logic_error);
+  EXPECT_THROW(s.barrier(), std::logic_error);
+  EXPECT_THROW(s.connect(nullptr), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace fsdp2
+
+int main(int argc, char** argv) { return fsdp2::testing::TestMain(argc, argv); }
