@@ -6,17 +6,18 @@
 //
 // The text is real: the Python standard library's sources that every Debian
 // machine ships (byte-level tokens, vocabulary 256), or synthetic tokens with
-// --data synthetic. Each step draws one global batch of nproc * batch-size
-// sequences from a generator seeded by (seed, step), and rank r trains on
-// rows [r * batch-size, (r + 1) * batch-size). So runs with the same seed and
-// the same global batch print the same losses whatever --nproc is.
+// --data synthetic. Training runs through FSDP2Strategy and Trainer: each
+// step takes one global batch of nproc * batch-size windows from the
+// distributed sampler, rank r trains on rows [r * batch-size, (r + 1) *
+// batch-size), so runs with the same seed and the same global batch print the
+// same losses whatever --nproc is. Metrics (JSON lines, CSV) and the loss
+// curve (SVG) go to --out-dir.
 //
 // Under torchrun, srun or mpirun (RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK
 // set) each process is one rank and --nproc is ignored.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
-#include <sys/resource.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -37,6 +38,8 @@
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
 #include "core/strategy/cluster_environment.h"
+#include "core/strategy/fsdp2_strategy.h"
+#include "core/strategy/trainer.h"
 
 namespace {
 
@@ -62,6 +65,9 @@ struct Flags {
   std::string metrics_out;
   int threads = 0;
   int log_every = 1;
+  int64_t val_every = 10;
+  std::string out_dir;  // default: ./fsdp2_out
+  int progress_bar = -1;
 };
 
 const char* kUsage =
@@ -71,7 +77,8 @@ const char* kUsage =
     "             [--block-size N] [--n-layer N] [--n-embd N] [--n-head N]\n"
     "             [--data PATH|pystdlib|synthetic] [--vocab-size N (synthetic)]\n"
     "             [--lr X] [--mixed-precision fp32|bf16] [--grad-accum N]\n"
-    "             [--clip X (0: off)] [--metrics-out FILE] [--threads N]\n";
+    "             [--clip X (0: off)] [--metrics-out FILE] [--threads N]\n"
+    "             [--val-every N] [--out-dir DIR] [--progress-bar 0|1]\n";
 
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "train: " << message << "\n";
@@ -140,6 +147,9 @@ Flags ParseFlags(int argc, char** argv) {
   str("metrics-out", f.metrics_out);
   num("threads", f.threads);
   num("log-every", f.log_every);
+  num("val-every", f.val_every);
+  str("out-dir", f.out_dir);
+  num("progress-bar", f.progress_bar);
   if (!given.empty()) Fail("unknown flag --" + given.begin()->first + " (see --help)");
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
@@ -221,34 +231,77 @@ at::Tensor LoadTokens(const Flags& f) {
   return bytes;
 }
 
-// Global batch `step`: `rows` windows of block_size + 1 tokens.
-at::Tensor GlobalBatch(const Flags& f, const at::Tensor& tokens, int step,
-                       int64_t rows, int64_t vocab) {
-  auto gen = at::detail::createCPUGenerator(f.seed * 1000003 + step);
+// The dataset: non-overlapping windows of block_size + 1 tokens (views of
+// the token stream, no copy), inputs and targets shifted by one. The last
+// 5% of windows are held out for validation.
+std::pair<strategy::Batch, strategy::Batch> Windows(const Flags& f, at::Tensor tokens,
+                                                    int64_t vocab) {
   const int64_t T = f.block_size + 1;
   if (!tokens.defined()) {
-    return at::randint(vocab, {rows, T}, gen, at::TensorOptions().dtype(at::kLong));
+    auto gen = at::detail::createCPUGenerator(f.seed);
+    tokens = at::randint(vocab, {4096 * T}, gen, at::TensorOptions().dtype(at::kLong));
   }
-  at::Tensor starts = at::randint(tokens.size(0) - T, {rows}, gen,
-                                  at::TensorOptions().dtype(at::kLong));
-  at::Tensor index = starts.unsqueeze(1) + at::arange(T, at::kLong).unsqueeze(0);
-  return tokens.index_select(0, index.reshape({-1})).view({rows, T});
+  const int64_t rows = tokens.size(0) / T;
+  at::Tensor windows = tokens.narrow(0, 0, rows * T).view({rows, T});
+  const int64_t val_rows = std::max<int64_t>(rows / 20, 1);
+  auto split = [&](int64_t start, int64_t n) {
+    at::Tensor w = windows.narrow(0, start, n);
+    return strategy::Batch{w.narrow(1, 0, f.block_size), w.narrow(1, 1, f.block_size)};
+  };
+  return {split(0, rows - val_rows), split(rows - val_rows, val_rows)};
 }
 
-int64_t PeakRssBytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+// The GPT as a TrainingModule: next-token cross-entropy.
+class GPTModule : public strategy::TrainingModule {
+ public:
+  GPTModule(const models::GPTConfig& config, double lr) : gpt_(config), lr_(lr) {}
+  std::shared_ptr<torch::nn::Module> module() override { return gpt_.ptr(); }
+  at::Tensor training_step(const strategy::Batch& b, int64_t) override { return Loss(b); }
+  at::Tensor validation_step(const strategy::Batch& b, int64_t) override { return Loss(b); }
+  at::Tensor predict_step(const strategy::Batch& b, int64_t) override {
+    return fsdp::forward(gpt_, b[0]).argmax(-1);
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
+    return std::make_unique<torch::optim::AdamW>(
+        gpt_->parameters(),
+        torch::optim::AdamWOptions(lr_).betas({0.9, 0.95}).weight_decay(0.1));
+  }
+  const models::GPT& gpt() const { return gpt_; }
+
+ private:
+  at::Tensor Loss(const strategy::Batch& b) {
+    return models::LanguageModelLoss(fsdp::forward(gpt_, b[0]), b[1]);
+  }
+  models::GPT gpt_;
+  double lr_;
+};
+
+std::string OutputPath(const Flags& f, const std::string& name) {
+  const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");  // set by bazel run
+  fs::path dir = f.out_dir.empty() ? fs::path(cwd ? cwd : ".") / "fsdp2_out" : fs::path(f.out_dir);
+  fs::create_directories(dir);
+  return (dir / name).string();
 }
 
 int RunRank(const Flags& f) {
   const char* threads_env = std::getenv("FSDP2_THREADS");
   at::set_num_threads(f.threads > 0 ? f.threads
                                     : (threads_env ? std::atoi(threads_env) : 1));
-  const auto cluster = strategy::ClusterEnvironment::Detect();
-  auto world = comm::World::Init(cluster.ToRendezvous(
-      std::chrono::seconds(300), std::getenv("FSDP2_BACKEND") ? std::getenv("FSDP2_BACKEND") : "gloo"));
-  const int rank = world->rank(), n = world->size();
+  strategy::FSDP2StrategyOptions options;
+  options.sharding_strategy = fsdp::ParseShardingStrategy(f.strategy);
+  options.mp_policy = f.mixed_precision == "bf16" ? strategy::DefaultMixedPrecision()
+                                                  : fsdp::MixedPrecisionPolicy{};
+  options.seed = f.seed;
+  options.data_sampler.seed = f.seed;
+  const char* backend = std::getenv("FSDP2_BACKEND");
+  options.backend = backend ? backend : "gloo";
+  strategy::FSDP2Strategy strategy(options);
+  if (options.sharding_strategy == fsdp::ShardingStrategy::kHybridShard) {
+    // Two replicas, each sharded over half of the ranks.
+    setenv("LOCAL_WORLD_SIZE", std::to_string(std::max(1, f.nproc / 2)).c_str(), 1);
+  }
+  strategy.setup_environment();
+  const int rank = strategy.world()->rank(), n = strategy.world()->size();
 
   at::Tensor tokens = LoadTokens(f);
   models::GPTConfig config;
@@ -258,95 +311,53 @@ int RunRank(const Flags& f) {
   config.n_head = f.n_head;
   config.n_embd = f.n_embd;
   config.Validate();
-  torch::manual_seed(f.seed);
-  models::GPT model(config);
+  auto module = std::make_shared<GPTModule>(config, f.lr);  // seeded alike
+  strategy.connect(module);
+  strategy.parallelize();
 
-  fsdp::FSDPOptions options;
-  options.strategy = fsdp::ParseShardingStrategy(f.strategy);
-  options.mesh = options.strategy == fsdp::ShardingStrategy::kHybridShard
-                     ? comm::DeviceMesh::Create(world, {2, n / 2}, {"replicate", "shard"})
-                     : comm::DeviceMesh::Create(world, {n}, {"dp"});
-  if (f.mixed_precision == "bf16") {
-    options.mp_policy.param_dtype = at::kBFloat16;
-    options.mp_policy.reduce_dtype = at::kFloat;
-    options.mp_policy.output_dtype = at::kFloat;
-  }
-  for (size_t i = 0; i < model->blocks->size(); ++i) {
-    fsdp::fully_shard(model->block(i), options);
-  }
-  fsdp::fully_shard(model, options);
-  torch::optim::AdamW optimizer(
-      model->parameters(),
-      torch::optim::AdamWOptions(f.lr).betas({0.9, 0.95}).weight_decay(0.1));
+  auto [train_set, val_set] = Windows(f, tokens, config.vocab_size);
+  auto train = strategy.process_dataloader(train_set, int64_t{n} * f.batch_size);
+  auto val = strategy.process_dataloader(val_set, int64_t{n} * f.batch_size);
 
-  std::ofstream metrics;
+  strategy::TrainerOptions trainer_options;
+  trainer_options.max_steps = f.steps;
+  trainer_options.max_epochs = 1000000;
+  trainer_options.accumulate_grad_batches = f.grad_accum;
+  trainer_options.gradient_clip_val = f.clip;
+  trainer_options.val_check_interval = f.val_every;
+  trainer_options.limit_val_batches = 4;
+  trainer_options.log_every_n_steps = f.log_every;
+  trainer_options.tokens_per_row = f.block_size;
+  trainer_options.progress_bar = f.progress_bar;
+  trainer_options.metrics_jsonl =
+      f.metrics_out.empty() ? OutputPath(f, "metrics.jsonl") : f.metrics_out;
+  trainer_options.metrics_csv = OutputPath(f, "metrics.csv");
+  trainer_options.loss_curve_svg = OutputPath(f, "loss.svg");
+  strategy::Trainer trainer(strategy, trainer_options);
+
   if (rank == 0) {
     std::printf("model: %s\n", config.ToString().c_str());
-    std::printf("data: %s (%lld tokens); %d ranks x %lld sequences x %d micro-batches; %s on %s; %s\n",
+    std::printf("data: %s (%lld training windows of %lld tokens); %d ranks x %lld "
+                "sequences x %d micro-batches; %s on %s; %s\n",
                 tokens.defined() ? f.data.c_str() : "synthetic",
-                tokens.defined() ? (long long)tokens.size(0) : 0LL, n,
-                (long long)f.batch_size, f.grad_accum, fsdp::ToString(options.strategy),
-                options.mesh->ToString().c_str(), f.mixed_precision.c_str());
-    if (!f.metrics_out.empty()) {
-      metrics.open(f.metrics_out);
-      if (!metrics) throw std::runtime_error("cannot write --metrics-out " + f.metrics_out);
-    }
+                (long long)train_set[0].size(0), (long long)f.block_size, n,
+                (long long)f.batch_size, f.grad_accum,
+                fsdp::ToString(options.sharding_strategy),
+                strategy.mesh()->ToString().c_str(), f.mixed_precision.c_str());
+    std::fflush(stdout);
   }
-  const int64_t B = f.batch_size;
-  const int64_t tokens_per_step = n * B * f.grad_accum * f.block_size;
-  for (int step = 0; step < f.steps; ++step) {
-    const auto start = std::chrono::steady_clock::now();
-    at::Tensor batch =
-        GlobalBatch(f, tokens, step, n * B * f.grad_accum, config.vocab_size);
-    optimizer.zero_grad();
-    double local_loss = 0;
-    for (int micro = 0; micro < f.grad_accum; ++micro) {
-      fsdp::set_requires_gradient_sync(*model, micro == f.grad_accum - 1);
-      at::Tensor rows = batch.narrow(0, (int64_t{micro} * n + rank) * B, B);
-      at::Tensor logits = fsdp::forward(model, rows.narrow(1, 0, f.block_size));
-      at::Tensor loss =
-          models::LanguageModelLoss(logits, rows.narrow(1, 1, f.block_size)) /
-          f.grad_accum;
-      loss.backward();
-      local_loss += loss.item<double>();
-    }
-    double grad_norm = f.clip > 0 ? fsdp::clip_grad_norm_(*model, f.clip) : 0.0;
-    optimizer.step();
-    // Loss and peak memory of every rank, for the log line.
-    at::Tensor report = at::zeros({2 * n}, at::kDouble);
-    report[rank] = local_loss;
-    report[n + rank] = static_cast<double>(PeakRssBytes());
-    world->group()->all_reduce(report).wait();
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double loss = report.narrow(0, 0, n).sum().item<double>() / n;
-    if (rank == 0) {
-      if ((step + 1) % f.log_every == 0 || step + 1 == f.steps) {
-        std::printf("step %4d/%d  loss %.4f  grad_norm %.3f  %.0f tok/s  %.0f ms  peak_rss %.0f MiB\n",
-                    step + 1, f.steps, loss, grad_norm, tokens_per_step / seconds,
-                    seconds * 1e3, report.narrow(0, n, n).max().item<double>() / (1 << 20));
-        std::fflush(stdout);
-      }
-      if (metrics.is_open()) {
-        metrics.precision(10);
-        metrics << "{\"step\": " << step + 1 << ", \"loss\": " << loss
-                << ", \"grad_norm\": " << grad_norm
-                << ", \"tokens_per_s\": " << tokens_per_step / seconds
-                << ", \"step_ms\": " << seconds * 1e3 << ", \"peak_rss_bytes\": [";
-        for (int r = 0; r < n; ++r) {
-          metrics << (r ? ", " : "") << static_cast<int64_t>(report[n + r].item<double>());
-        }
-        metrics << "]}\n";
-        metrics.flush();
-      }
-    }
-  }
-  auto stats = fsdp::memory_stats(*model);
+  trainer.fit(train, &val);
+  auto stats = fsdp::memory_stats(*module->module());
   std::printf("rank %d: sharded params %.2f MiB of %.2f MiB, peak unsharded params %.2f MiB\n",
               rank, stats.sharded_param_bytes / 1048576.0,
               stats.total_param_numel * 4 / 1048576.0,
               fsdp::peak_unsharded_param_bytes() / 1048576.0);
-  world->group()->barrier().wait();
+  if (rank == 0) {
+    std::printf("metrics: %s, %s; loss curve: %s\n", trainer_options.metrics_jsonl.c_str(),
+                trainer_options.metrics_csv.c_str(), trainer_options.loss_curve_svg.c_str());
+  }
+  strategy.barrier();
+  strategy.teardown();
   return 0;
 }
 

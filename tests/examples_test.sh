@@ -11,8 +11,8 @@ run() { timeout 300 "$train" "$@" 2>&1; }
 losses() { grep -o 'loss [0-9.]*' | awk '{print $2}'; }
 
 common=(--steps 4 --n-layer 2 --n-embd 32 --n-head 2 --block-size 32 --threads 1)
-one=$(run --nproc 1 --batch-size 8 "${common[@]}" --metrics-out "$tmp/m1.jsonl") || { echo "nproc 1 failed"; echo "$one"; exit 1; }
-two=$(run --nproc 2 --batch-size 4 "${common[@]}" --metrics-out "$tmp/m2.jsonl") || { echo "nproc 2 failed"; echo "$two"; exit 1; }
+one=$(run --nproc 1 --batch-size 8 "${common[@]}" --metrics-out "$tmp/m1.jsonl" --out-dir "$tmp/out1") || { echo "nproc 1 failed"; echo "$one"; exit 1; }
+two=$(run --nproc 2 --batch-size 4 "${common[@]}" --metrics-out "$tmp/m2.jsonl" --out-dir "$tmp/out2") || { echo "nproc 2 failed"; echo "$two"; exit 1; }
 echo "$two"
 l1=$(echo "$one" | losses); l2=$(echo "$two" | losses)
 if [[ -z "$l1" || "$l1" != "$l2" ]]; then
@@ -22,6 +22,10 @@ if [[ $(wc -l < "$tmp/m2.jsonl") -ne 4 ]] || ! grep -q '"tokens_per_s"' "$tmp/m2
    || ! grep -q '"peak_rss_bytes": \[[0-9]*, [0-9]*\]' "$tmp/m2.jsonl"; then
   echo "FAIL: metrics file lacks one JSON line per step with tokens_per_s and per-rank peak memory"
   cat "$tmp/m2.jsonl"; fail=1
+fi
+
+if [[ $(wc -l < "$tmp/out2/metrics.csv") -ne 5 ]] || ! grep -q '<polyline' "$tmp/out2/loss.svg"; then
+  echo "FAIL: expected metrics.csv (header + 4 steps) and a loss curve in --out-dir"; fail=1
 fi
 
 expect_error() {  # expected-text args...

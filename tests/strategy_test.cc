@@ -5,15 +5,19 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <torch/types.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/serialize.h>
 
+#include <array>
 #include <fstream>
 #include <sstream>
 
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
 #include "core/strategy/fsdp2_strategy.h"
+#include "core/strategy/trainer.h"
 #include "tests/harness/multi_process.h"
 
 namespace fsdp2 {
@@ -233,6 +237,110 @@ TEST(FSDP2Strategy, ResumeWithDeferredOptimizerStateContinuesTheSameRun) {
       EXPECT_NEAR(a[i], ref[i], 1e-11 * ref[i]) << "N=" << n << " step " << i;
     }
   }
+}
+
+// Trainer.fit with 2 accumulated batches per step, clipping and validation
+// every 2 steps; rank 0's metrics go to the out dir.
+FSDP2_SCENARIO(trainer_fit) {
+  strategy::FSDP2Strategy s(Options());
+  s.setup_environment();
+  auto module = std::make_shared<GPTModule>();
+  s.connect(module);
+  s.parallelize();
+  auto train = s.process_dataloader(Dataset(64), kGlobalBatch);
+  auto val = s.process_dataloader(Dataset(64), kGlobalBatch);
+  strategy::TrainerOptions o;
+  o.max_steps = 4;
+  o.accumulate_grad_batches = 2;
+  o.gradient_clip_val = 0.5;
+  o.val_check_interval = 2;
+  o.limit_val_batches = 1;
+  o.progress_bar = 0;
+  o.tokens_per_row = 8;
+  o.metrics_jsonl = WorkerOutDir() + "/metrics.jsonl";
+  o.metrics_csv = WorkerOutDir() + "/metrics.csv";
+  o.loss_curve_svg = WorkerOutDir() + "/loss.svg";
+  o.checkpoint_every_n_steps = 3;
+  std::vector<int64_t> checkpoints;
+  o.on_checkpoint = [&](strategy::FSDP2Strategy&, int64_t step) { checkpoints.push_back(step); };
+  strategy::Trainer trainer(s, o);
+  const auto& history = trainer.fit(train, &val);
+  if (checkpoints != std::vector<int64_t>{3, 4}) throw std::runtime_error("checkpoint steps");
+  std::ofstream out(WorkerOutDir() + "/fit" + std::to_string(s.world()->rank()) + ".txt");
+  out.precision(17);
+  for (const auto& m : history) out << m.loss << " " << m.grad_norm << " " << m.val_loss << "\n";
+  s.barrier();
+}
+
+TEST(Trainer, FitEqualsOneProcessWithAccumulationClippingAndValidation) {
+  // Reference: step k trains on loader batches 2k and 2k+1 as one batch of
+  // 16 rows (equal halves, so the mean matches the accumulated mean), clips
+  // to 0.5, and validates on batch 0 after steps 2 and 4.
+  torch::manual_seed(kSeed);
+  GPTModule m;
+  auto optimizer = m.configure_optimizers();
+  auto data = Dataset(64);
+  strategy::DistributedSamplerOptions so;
+  so.seed = 5;
+  so.global_batch_size = kGlobalBatch;
+  strategy::DistributedSampler sampler(64, 0, 1, so);
+  auto rows = [&](std::vector<int64_t> idx) {
+    at::Tensor t = at::tensor(idx, at::kLong);
+    return Batch{data[0].index_select(0, t), data[1].index_select(0, t)};
+  };
+  std::vector<std::array<double, 3>> ref;
+  for (int step = 0; step < 4; ++step) {
+    auto idx = sampler.global_batch(2 * step);
+    auto more = sampler.global_batch(2 * step + 1);
+    idx.insert(idx.end(), more.begin(), more.end());
+    at::Tensor loss = m.Loss(rows(idx));
+    loss.backward();
+    const double norm = torch::nn::utils::clip_grad_norm_(m.gpt_->parameters(), 0.5);
+    optimizer->step();
+    optimizer->zero_grad();
+    double val = -1;
+    if ((step + 1) % 2 == 0) {
+      at::NoGradGuard no_grad;
+      val = m.Loss(rows(sampler.global_batch(0))).item<double>();
+    }
+    ref.push_back({loss.item<double>(), norm, val});
+  }
+  for (int n : {1, 2, 4}) {
+    LaunchOptions o;
+    o.world_size = n;
+    o.scenario = "trainer_fit";
+    o.timeout = std::chrono::seconds(180);
+    auto r = LaunchRanks(o);
+    ASSERT_TRUE(r.ok()) << r.Describe();
+    auto got = ReadNumbers(r.out_dir + "/fit0.txt");
+    ASSERT_EQ(got.size(), 12u);
+    for (int step = 0; step < 4; ++step) {
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_NEAR(got[3 * step + k], ref[step][k], 1e-10 * std::abs(ref[step][k]))
+            << "N=" << n << " step " << step << " field " << k;
+      }
+    }
+    std::ifstream csv(r.out_dir + "/metrics.csv");
+    std::string line;
+    int lines = 0;
+    while (std::getline(csv, line)) ++lines;
+    EXPECT_EQ(lines, 5) << "header + one line per step";
+    std::ifstream jsonl(r.out_dir + "/metrics.jsonl");
+    std::getline(jsonl, line);
+    EXPECT_NE(line.find("\"tokens_per_s\""), std::string::npos) << line;
+    EXPECT_EQ(line.find("val_loss"), std::string::npos) << "no validation at step 1";
+    std::getline(jsonl, line);
+    EXPECT_NE(line.find("\"val_loss\""), std::string::npos) << line;
+    std::ifstream svg(r.out_dir + "/loss.svg");
+    std::string picture((std::istreambuf_iterator<char>(svg)), {});
+    EXPECT_EQ(picture.rfind("<svg", 0), 0u);
+    EXPECT_NE(picture.find("<polyline"), std::string::npos);
+    EXPECT_NE(picture.find("validation"), std::string::npos);
+  }
+}
+
+TEST(Trainer, LossCurveOfNothingIsStillAPicture) {
+  EXPECT_NE(strategy::LossCurveSvg({}).find("</svg>"), std::string::npos);
 }
 
 class TinyModule : public strategy::TrainingModule {
