@@ -1,0 +1,273 @@
+#include "core/checkpoint/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace fsdp2 {
+namespace checkpoint {
+namespace {
+
+constexpr const char* kFormatVersion = "1";
+constexpr uint64_t kMaxHeaderBytes = 100 << 20;
+
+const std::vector<std::pair<at::ScalarType, const char*>>& DtypeNames() {
+  static const std::vector<std::pair<at::ScalarType, const char*>> names = {
+      {at::kDouble, "F64"}, {at::kFloat, "F32"},  {at::kHalf, "F16"},
+      {at::kBFloat16, "BF16"}, {at::kLong, "I64"}, {at::kInt, "I32"},
+      {at::kShort, "I16"}, {at::kChar, "I8"},     {at::kByte, "U8"},
+      {at::kBool, "BOOL"}};
+  return names;
+}
+
+const char* DtypeName(at::ScalarType t) {
+  for (const auto& [type, name] : DtypeNames()) {
+    if (type == t) return name;
+  }
+  throw std::invalid_argument(std::string("safetensors: unsupported dtype ") +
+                              c10::toString(t));
+}
+
+[[noreturn]] void Fail(const std::string& path, const std::string& problem) {
+  throw std::runtime_error(path + ": " + problem);
+}
+
+std::string Hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
+
+}  // namespace
+
+uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
+  static uint32_t table[256] = {0};
+  static const bool ready = [] {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      table[i] = c;
+    }
+    return true;
+  }();
+  (void)ready;
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+void WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    Fail(path, "is a directory, expected a file");
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) Fail(tmp, std::string("cannot create: ") + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      close(fd);
+      unlink(tmp.c_str());
+      Fail(tmp, "write failed: " + why);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    unlink(tmp.c_str());
+    Fail(tmp, std::string("fsync failed: ") + std::strerror(errno));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    unlink(tmp.c_str());
+    Fail(path, "rename failed: " + why);
+  }
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+}
+
+void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  nlohmann::json meta = nlohmann::json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  meta["fsdp2.format_version"] = kFormatVersion;
+  std::vector<at::Tensor> data;
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.empty() || name == "__metadata__" || !seen.insert(name).second) {
+      throw std::invalid_argument("safetensors: tensor names must be unique, non-empty "
+                                  "and not __metadata__ (got '" + name + "')");
+    }
+    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t bytes = t.numel() * t.element_size();
+    header[name] = {{"dtype", DtypeName(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    meta["fsdp2.crc32." + name] = Hex(Crc32(t.data_ptr(), bytes));
+    offset += bytes;
+    data.push_back(t);
+  }
+  header["__metadata__"] = meta;
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // align the data section
+  std::string out;
+  out.reserve(8 + json.size() + offset);
+  const uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xFF));
+  out += json;
+  for (const auto& t : data) {
+    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  }
+  WriteFileAtomically(path, out);
+}
+
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+  struct stat st {};
+  if (stat(path_.c_str(), &st) != 0) Fail(path_, "no such file");
+  if (S_ISDIR(st.st_mode)) Fail(path_, "is a directory, expected a safetensors file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) Fail(path_, "truncated: " + std::to_string(size) + " bytes, no header");
+  int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Fail(path_, std::string("cannot open: ") + std::strerror(errno));
+  unsigned char len[8];
+  uint64_t n = 0;
+  if (pread(fd, len, 8, 0) != 8) {
+    close(fd);
+    Fail(path_, "cannot read the header length");
+  }
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  if (n > kMaxHeaderBytes || n > size - 8) {
+    close(fd);
+    Fail(path_, "header length " + std::to_string(n) + " does not fit a file of " +
+                    std::to_string(size) + " bytes: truncated or not a safetensors file");
+  }
+  std::string text(n, '\0');
+  const bool read_ok = pread(fd, text.data(), n, 8) == static_cast<ssize_t>(n);
+  close(fd);
+  if (!read_ok) Fail(path_, "cannot read the header");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const std::exception&) {
+    Fail(path_, "the header is not valid JSON: not a safetensors file");
+  }
+  if (!header.is_object()) Fail(path_, "the header is not a JSON object");
+  data_start_ = 8 + n;
+  const uint64_t data_size = size - data_start_;
+  uint64_t data_end = 0;
+  try {
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        for (const auto& [k, v] : entry.items()) metadata_[k] = v.get<std::string>();
+        continue;
+      }
+      TensorInfo info;
+      const std::string dtype = entry.at("dtype").get<std::string>();
+      bool known = false;
+      for (const auto& [type, dname] : DtypeNames()) {
+        if (dtype == dname) {
+          info.dtype = type;
+          known = true;
+        }
+      }
+      if (!known) Fail(path_, "tensor '" + name + "' has unsupported dtype " + dtype);
+      info.shape = entry.at("shape").get<std::vector<int64_t>>();
+      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      if (offsets.size() != 2 || offsets[0] > offsets[1]) {
+        Fail(path_, "tensor '" + name + "' has invalid data_offsets");
+      }
+      info.begin = offsets[0];
+      info.end = offsets[1];
+      uint64_t numel = 1;
+      for (int64_t d : info.shape) {
+        if (d < 0) Fail(path_, "tensor '" + name + "' has a negative dimension");
+        numel *= static_cast<uint64_t>(d);
+      }
+      if (numel * c10::elementSize(info.dtype) != info.end - info.begin) {
+        Fail(path_, "tensor '" + name + "': shape and dtype need " +
+                        std::to_string(numel * c10::elementSize(info.dtype)) +
+                        " bytes but its range holds " + std::to_string(info.end - info.begin));
+      }
+      data_end = std::max(data_end, info.end);
+      tensors_[name] = info;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    Fail(path_, std::string("malformed header: ") + e.what());
+  }
+  if (data_end > data_size) {
+    Fail(path_, "truncated: the data section needs " + std::to_string(data_end) +
+                    " bytes but the file holds " + std::to_string(data_size));
+  }
+}
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) Fail(path_, "no tensor named '" + name + "'");
+  return it->second;
+}
+
+at::Tensor SafetensorsFile::read(const std::string& name, uint64_t begin,
+                                 uint64_t bytes, std::vector<int64_t> shape) const {
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(info(name).dtype));
+  int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Fail(path_, std::string("cannot open: ") + std::strerror(errno));
+  uint64_t done = 0;
+  auto* out = static_cast<char*>(t.data_ptr());
+  while (done < bytes) {
+    ssize_t got = pread(fd, out + done, bytes - done, data_start_ + begin + done);
+    if (got <= 0) {
+      close(fd);
+      Fail(path_, "short read of tensor '" + name + "': the file is truncated");
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  close(fd);
+  return t;
+}
+
+at::Tensor SafetensorsFile::load(const std::string& name) const {
+  const TensorInfo& i = info(name);
+  at::Tensor t = read(name, i.begin, i.end - i.begin, i.shape);
+  auto crc = metadata_.find("fsdp2.crc32." + name);
+  if (crc != metadata_.end() && crc->second != Hex(Crc32(t.data_ptr(), i.end - i.begin))) {
+    Fail(path_, "checksum mismatch for tensor '" + name + "': the file is corrupted");
+  }
+  return t;
+}
+
+at::Tensor SafetensorsFile::load_rows(const std::string& name, int64_t row_start,
+                                      int64_t rows) const {
+  const TensorInfo& i = info(name);
+  if (i.shape.empty()) Fail(path_, "tensor '" + name + "' is 0-d: it has no rows");
+  if (row_start < 0 || rows < 0 || row_start + rows > i.shape[0]) {
+    Fail(path_, "rows [" + std::to_string(row_start) + ", " +
+                    std::to_string(row_start + rows) + ") are outside tensor '" + name +
+                    "' of " + std::to_string(i.shape[0]) + " rows");
+  }
+  const uint64_t row_bytes = i.shape[0] == 0 ? 0 : (i.end - i.begin) / i.shape[0];
+  std::vector<int64_t> shape = i.shape;
+  shape[0] = rows;
+  return read(name, i.begin + row_start * row_bytes, rows * row_bytes, shape);
+}
+
+}  // namespace checkpoint
+}  // namespace fsdp2

@@ -1,0 +1,81 @@
+// fsdp2/core/checkpoint/safetensors.h
+//
+// Reading and writing safetensors files: an 8-byte little-endian header
+// length, a JSON header naming each tensor's dtype, shape and byte range, then
+// the raw little-endian data. Other tools (Python's safetensors, numpy with a
+// few lines) read these files.
+//
+// fsdp2 adds, inside the standard "__metadata__" map: "fsdp2.format_version"
+// and one "fsdp2.crc32.<name>" per tensor, so corruption is detected on load.
+//
+// Writes are atomic: the file is written beside its final name, fsync'ed and
+// renamed, so a crash mid-write leaves any previous file intact. Every error
+// is a std::runtime_error naming the file and the problem.
+#ifndef FSDP2_CORE_CHECKPOINT_SAFETENSORS_H_
+#define FSDP2_CORE_CHECKPOINT_SAFETENSORS_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp2 {
+namespace checkpoint {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Writes `tensors` (CPU or not; copied to CPU, contiguous) and `metadata`.
+// Names must be unique and non-empty.
+void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+struct TensorInfo {
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte range within the data section
+  uint64_t end = 0;
+};
+
+// An open safetensors file: its header is read and checked at once (sizes,
+// ranges, dtypes, file length); tensor data is read on demand.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(std::string path);
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool contains(const std::string& name) const { return tensors_.count(name) > 0; }
+  const TensorInfo& info(const std::string& name) const;
+
+  // The whole tensor, checksum verified when the file carries one.
+  at::Tensor load(const std::string& name) const;
+  // Rows [row_start, row_start + rows) along dim 0, reading only their bytes
+  // (no checksum: it covers the whole tensor).
+  at::Tensor load_rows(const std::string& name, int64_t row_start,
+                       int64_t rows) const;
+
+ private:
+  at::Tensor read(const std::string& name, uint64_t begin, uint64_t bytes,
+                  std::vector<int64_t> shape) const;
+
+  std::string path_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// CRC-32 (IEEE) of a byte range, for checksums in metadata.
+uint32_t Crc32(const void* data, size_t size, uint32_t crc = 0);
+
+// Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of
+// the directory).
+void WriteFileAtomically(const std::string& path, const std::string& bytes);
+
+}  // namespace checkpoint
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_CHECKPOINT_SAFETENSORS_H_
