@@ -78,6 +78,10 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
     return shard_group_;
   }
   int shard_world() const { return shard_world_; }
+  // Whether this rank is the first replica of its shards.
+  bool primary_replica() const {
+    return !replicate_group_ || replicate_group_->rank() == 0;
+  }
   torch::nn::Module* module() const { return module_; }
   bool module_alive() const { return !module_alive_.expired(); }
   int64_t unsharded_bytes() const;  // 0 unless unsharded now

@@ -303,6 +303,31 @@ void load_full_state_dict(
   for (auto& [target, source] : copies) target.copy_(source);
 }
 
+std::vector<ShardInfo> shard_info(torch::nn::Module& root, int world_rank) {
+  const auto units = UnitsUnder(root);
+  std::vector<ShardInfo> out;
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    ShardInfo info;
+    info.name = item.key();
+    info.shard = item.value();
+    auto [unit, p] = FindShard(units, item.value());
+    if (p == nullptr) {  // replicated on every rank
+      info.global_shape = item.value().sizes().vec();
+      info.rows = item.value().dim() == 0 ? 1 : item.value().size(0);
+      info.local_rows = info.rows;
+      info.primary = world_rank == 0;
+    } else {
+      info.global_shape = p->global_shape;
+      info.rows = p->rows;
+      info.row_start = p->row_start;
+      info.local_rows = p->local_rows;
+      info.primary = unit->primary_replica();
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 int64_t peak_unsharded_param_bytes() { return PeakUnshardedBytes(); }
 void reset_peak_unsharded_param_bytes() { ResetPeakUnshardedBytes(); }
 

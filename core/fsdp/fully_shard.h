@@ -144,6 +144,20 @@ void load_full_state_dict(
     const std::vector<std::pair<std::string, at::Tensor>>& state,
     bool strict = true);
 
+// Where each parameter under `root` lives on this rank, for checkpoints.
+struct ShardInfo {
+  std::string name;            // as root.named_parameters() names it
+  at::Tensor shard;            // the optimizer's parameter (local rows)
+  std::vector<int64_t> global_shape;
+  int64_t rows = 0;            // global dim-0 size (1 for 0-d parameters)
+  int64_t row_start = 0;       // first global row held here
+  int64_t local_rows = 0;
+  // True on exactly one rank per distinct row range: replicas (NO_SHARD,
+  // HYBRID_SHARD's other groups, parameters outside FSDP) are not primary.
+  bool primary = true;
+};
+std::vector<ShardInfo> shard_info(torch::nn::Module& root, int world_rank);
+
 namespace internal {
 
 // Called by forward(); see FSDPUnit.

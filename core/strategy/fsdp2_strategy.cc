@@ -1,5 +1,7 @@
 #include "core/strategy/fsdp2_strategy.h"
 
+#include "core/checkpoint/sharded_checkpoint.h"
+
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/serialize/input-archive.h>
@@ -316,6 +318,27 @@ void FSDP2Strategy::load_model_state_dict(
     const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
   require(true, true, "load_model_state_dict");
   fsdp::load_full_state_dict(*module_->module(), state, strict);
+}
+
+void FSDP2Strategy::save_checkpoint(const std::string& dir) {
+  require(true, true, "save_checkpoint");
+  checkpoint::SaveShardedCheckpoint(
+      dir, *module_->module(), optimizer_.get(), *world_,
+      {{"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}});
+}
+
+void FSDP2Strategy::load_checkpoint(const std::string& dir) {
+  require(true, true, "load_checkpoint");
+  auto progress =
+      checkpoint::LoadShardedCheckpoint(dir, *module_->module(), optimizer_.get(), *world_);
+  pending_optimizer_state_.reset();  // the checkpoint's state wins
+  epoch_ = progress.count("epoch") ? std::stoll(progress["epoch"]) : 0;
+  global_step_ = progress.count("global_step") ? std::stoll(progress["global_step"]) : 0;
+}
+
+void FSDP2Strategy::remove_checkpoint(const std::string& dir) {
+  require(true, false, "remove_checkpoint");
+  checkpoint::RemoveCheckpoint(dir, *world_);
 }
 
 void FSDP2Strategy::barrier() {

@@ -159,6 +159,16 @@ class FSDP2Strategy {
       const std::vector<std::pair<std::string, at::Tensor>>& state,
       bool strict = true);
 
+  // Sharded checkpoint of model, optimizer and step counters into `dir`,
+  // written atomically (see core/checkpoint/sharded_checkpoint.h).
+  void save_checkpoint(const std::string& dir);
+  // Loads a checkpoint saved on any number of ranks into the parallelized
+  // model and optimizer, and restores the epoch and step counters.
+  void load_checkpoint(const std::string& dir);
+  // Deletes a checkpoint this strategy wrote (rank 0, after a barrier);
+  // refuses other paths.
+  void remove_checkpoint(const std::string& dir);
+
   void barrier();
   // `tensor` from `src` (a world rank) on every rank, in place.
   void broadcast(at::Tensor& tensor, int src = 0);

@@ -1,0 +1,315 @@
+#include "core/checkpoint/sharded_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/checkpoint/safetensors.h"
+#include "core/fsdp/fully_shard.h"
+
+namespace fsdp2 {
+namespace checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kFormat = "fsdp2.sharded.v1";
+
+std::string ShardFile(int rank, int world) {
+  return "rank" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
+}
+
+// Optimizer state of one parameter: its step and tensors shaped like it.
+struct ParamState {
+  int64_t step = 0;
+  std::map<std::string, at::Tensor> tensors;
+};
+
+std::string OptimizerKind(torch::optim::Optimizer* o) {
+  if (o == nullptr) return "none";
+  if (dynamic_cast<torch::optim::AdamW*>(o)) return "adamw";
+  if (dynamic_cast<torch::optim::Adam*>(o)) return "adam";
+  if (dynamic_cast<torch::optim::SGD*>(o)) return "sgd";
+  throw std::invalid_argument(
+      "sharded checkpoint: optimizer state is saved for AdamW, Adam and SGD only");
+}
+
+std::string StateKey(const at::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+template <typename S>
+ParamState FromAdam(const S& s) {
+  ParamState out;
+  out.step = s.step();
+  out.tensors["exp_avg"] = s.exp_avg();
+  out.tensors["exp_avg_sq"] = s.exp_avg_sq();
+  if (s.max_exp_avg_sq().defined()) out.tensors["max_exp_avg_sq"] = s.max_exp_avg_sq();
+  return out;
+}
+
+c10::optional<ParamState> GetState(torch::optim::Optimizer& o, const at::Tensor& p) {
+  auto it = o.state().find(StateKey(p));
+  if (it == o.state().end()) return c10::nullopt;
+  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) return FromAdam(*s);
+  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) return FromAdam(*s);
+  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+    ParamState out;
+    out.tensors["momentum_buffer"] = s->momentum_buffer();
+    return out;
+  }
+  return c10::nullopt;
+}
+
+template <typename S>
+std::unique_ptr<S> ToAdam(const ParamState& st) {
+  auto s = std::make_unique<S>();
+  s->step(st.step);
+  s->exp_avg(st.tensors.at("exp_avg"));
+  s->exp_avg_sq(st.tensors.at("exp_avg_sq"));
+  auto m = st.tensors.find("max_exp_avg_sq");
+  if (m != st.tensors.end()) s->max_exp_avg_sq(m->second);
+  return s;
+}
+
+void SetState(torch::optim::Optimizer& o, const std::string& kind, const at::Tensor& p,
+              const ParamState& st) {
+  std::unique_ptr<torch::optim::OptimizerParamState> s;
+  if (kind == "adamw") s = ToAdam<torch::optim::AdamWParamState>(st);
+  if (kind == "adam") s = ToAdam<torch::optim::AdamParamState>(st);
+  if (kind == "sgd") {
+    auto sgd = std::make_unique<torch::optim::SGDParamState>();
+    sgd->momentum_buffer(st.tensors.at("momentum_buffer"));
+    s = std::move(sgd);
+  }
+  o.state()[StateKey(p)] = std::move(s);
+}
+
+// Elements per dim-0 row of a parameter (1 for 0-d parameters).
+int64_t RowNumel(const std::vector<int64_t>& global_shape) {
+  int64_t n = 1;
+  for (size_t d = 1; d < global_shape.size(); ++d) n *= global_shape[d];
+  return n;
+}
+
+// A local shard (or optimizer tensor shaped like it) as [rows, row_numel].
+at::Tensor AsRows(const at::Tensor& t, const fsdp::ShardInfo& s) {
+  return t.detach().reshape({s.local_rows, RowNumel(s.global_shape)});
+}
+
+}  // namespace
+
+void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
+                           torch::optim::Optimizer* optimizer, comm::World& world,
+                           const std::map<std::string, std::string>& progress) {
+  const std::string kind = OptimizerKind(optimizer);
+  const std::string tmp = dir + ".tmp";
+  const auto shards = fsdp::shard_info(root, world.rank());
+  if (world.rank() == 0) {
+    if (fs::exists(dir) && !fs::is_directory(dir)) {
+      throw std::runtime_error(dir + ": exists and is not a directory");
+    }
+    fs::remove_all(tmp);  // a save that died before
+    fs::create_directories(tmp);
+  }
+  world.group()->barrier().wait();
+
+  NamedTensors tensors;
+  std::map<std::string, std::string> meta;
+  for (const auto& s : shards) {
+    if (!s.primary) continue;
+    tensors.emplace_back("model/" + s.name, AsRows(s.shard, s).clone());
+    meta["row_start/" + s.name] = std::to_string(s.row_start);
+    if (optimizer == nullptr) continue;
+    if (auto st = GetState(*optimizer, s.shard)) {
+      meta["step/" + s.name] = std::to_string(st->step);
+      for (const auto& [key, t] : st->tensors) {
+        tensors.emplace_back("optim/" + key + "/" + s.name, AsRows(t, s).clone());
+      }
+    }
+  }
+  WriteSafetensors(tmp + "/" + ShardFile(world.rank(), world.size()), tensors, meta);
+  world.group()->barrier().wait();  // every shard is on disk
+
+  if (world.rank() == 0) {
+    nlohmann::json m;
+    m["format"] = kFormat;
+    m["world_size"] = world.size();
+    m["optimizer"] = kind;
+    m["progress"] = progress;
+    for (const auto& s : shards) {
+      m["params"][s.name] = {{"shape", s.global_shape},
+                             {"dtype", c10::toString(s.shard.scalar_type())}};
+    }
+    WriteFileAtomically(tmp + "/metadata.json", m.dump(2));
+    // Swap in the complete directory; a crash before this leaves DIR as it was.
+    const std::string old = dir + ".old";
+    fs::remove_all(old);
+    if (fs::exists(dir)) fs::rename(dir, old);
+    fs::rename(tmp, dir);
+    fs::remove_all(old);
+  }
+  world.group()->barrier().wait();
+}
+
+std::map<std::string, std::string> LoadShardedCheckpoint(
+    const std::string& dir, torch::nn::Module& root, torch::optim::Optimizer* optimizer,
+    comm::World& world) {
+  if (!fs::is_directory(dir)) {
+    throw std::runtime_error(dir + ": " + (fs::exists(dir) ? "is a file, expected a checkpoint directory"
+                                                           : "no such checkpoint directory"));
+  }
+  const std::string meta_path = dir + "/metadata.json";
+  std::ifstream in(meta_path);
+  if (!in) throw std::runtime_error(meta_path + ": missing: not an fsdp2 sharded checkpoint");
+  nlohmann::json m;
+  try {
+    in >> m;
+  } catch (const std::exception&) {
+    throw std::runtime_error(meta_path + ": not valid JSON");
+  }
+  if (m.value("format", "") != kFormat) {
+    throw std::runtime_error(meta_path + ": not an fsdp2 sharded checkpoint (format '" +
+                             m.value("format", "") + "')");
+  }
+  const std::string kind = m.at("optimizer").get<std::string>();
+  if (optimizer != nullptr && kind != OptimizerKind(optimizer)) {
+    throw std::runtime_error(dir + ": holds " + kind + " optimizer state but the optimizer is " +
+                             OptimizerKind(optimizer));
+  }
+  const int saved_world = m.at("world_size").get<int>();
+  // Which file holds which rows of which tensor.
+  struct Piece {
+    const SafetensorsFile* file;
+    int64_t row_start;
+    int64_t rows;
+  };
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, std::vector<Piece>> pieces;
+  std::map<std::string, int64_t> steps;
+  for (int r = 0; r < saved_world; ++r) {
+    const std::string path = dir + "/" + ShardFile(r, saved_world);
+    if (!fs::exists(path)) throw std::runtime_error(path + ": missing shard file");
+    files.push_back(std::make_unique<SafetensorsFile>(path));
+    const auto& f = *files.back();
+    for (const auto& [name, info] : f.tensors()) {
+      // "model/<p>" or "optim/<key>/<p>": the parameter is after the prefix.
+      const std::string p = name.rfind("model/", 0) == 0
+                                ? name.substr(6)
+                                : name.substr(name.find('/', 6) + 1);
+      const int64_t start = std::stoll(f.metadata().at("row_start/" + p));
+      pieces[name].push_back({&f, start, info.shape.empty() ? 1 : info.shape[0]});
+      auto step = f.metadata().find("step/" + p);
+      if (step != f.metadata().end()) steps[p] = std::stoll(step->second);
+    }
+  }
+  // Everything is read and checked before anything is written.
+  auto assemble = [&](const std::string& key, const fsdp::ShardInfo& s) -> at::Tensor {
+    const int64_t row_start = s.row_start, rows = s.local_rows;
+    const int64_t width = RowNumel(s.global_shape);
+    at::Tensor out = at::empty({rows, width}, s.shard.options());
+    int64_t covered = 0;
+    for (const auto& piece : pieces[key]) {
+      const int64_t lo = std::max(row_start, piece.row_start);
+      const int64_t hi = std::min(row_start + rows, piece.row_start + piece.rows);
+      if (lo >= hi) continue;
+      // A whole piece is read with its checksum checked; part of one cannot be.
+      at::Tensor part = (lo == piece.row_start && hi == piece.row_start + piece.rows)
+                            ? piece.file->load(key)
+                            : piece.file->load_rows(key, lo - piece.row_start, hi - lo);
+      if (part.numel() != (hi - lo) * width) {
+        throw std::runtime_error(piece.file->path() + ": '" + key + "' has rows of " +
+                                 std::to_string(part.numel() / std::max<int64_t>(1, hi - lo)) +
+                                 " elements, the model's have " + std::to_string(width));
+      }
+      out.narrow(0, lo - row_start, hi - lo).copy_(part.reshape({hi - lo, width}));
+      covered += hi - lo;
+    }
+    if (covered != rows) {
+      throw std::runtime_error(dir + ": rows of '" + key + "' are missing from the shard files");
+    }
+    return out.view(s.shard.sizes());
+  };
+  const auto shards = fsdp::shard_info(root, world.rank());
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  std::vector<std::pair<const fsdp::ShardInfo*, ParamState>> states;
+  for (const auto& s : shards) {
+    if (!m["params"].contains(s.name)) {
+      throw std::runtime_error(dir + ": has no parameter '" + s.name + "'");
+    }
+    const auto shape = m["params"][s.name]["shape"].get<std::vector<int64_t>>();
+    if (shape != s.global_shape) {
+      throw std::runtime_error(dir + ": parameter '" + s.name + "' has shape " +
+                               c10::str(at::IntArrayRef(shape)) + " but the model's is " +
+                               c10::str(at::IntArrayRef(s.global_shape)));
+    }
+    copies.emplace_back(s.shard, assemble("model/" + s.name, s));
+    if (optimizer == nullptr || !steps.count(s.name)) continue;
+    ParamState st;
+    st.step = steps[s.name];
+    for (const auto& key : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"}) {
+      const std::string name = std::string("optim/") + key + "/" + s.name;
+      if (pieces.count(name)) {
+        st.tensors[key] = assemble(name, s);
+      }
+    }
+    states.emplace_back(&s, std::move(st));
+  }
+  for (const auto& item : m["params"].items()) {
+    bool known = false;
+    for (const auto& s : shards) known = known || s.name == item.key();
+    if (!known) {
+      throw std::runtime_error(dir + ": holds parameter '" + item.key() +
+                               "', which the model does not have");
+    }
+  }
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [target, value] : copies) target.copy_(value);
+  }
+  for (auto& [s, st] : states) SetState(*optimizer, kind, s->shard, st);
+  world.group()->barrier().wait();
+  return m.value("progress", std::map<std::string, std::string>{});
+}
+
+void RemoveCheckpoint(const std::string& dir, comm::World& world) {
+  world.group()->barrier().wait();
+  std::string error;
+  if (world.rank() == 0) {
+    std::ifstream in(dir + "/metadata.json");
+    nlohmann::json m;
+    bool ok = false;
+    if (in) {
+      try {
+        in >> m;
+        ok = m.value("format", "") == kFormat;
+      } catch (const std::exception&) {
+      }
+    }
+    if (!ok) {
+      error = dir + ": not an fsdp2 checkpoint; refusing to remove it";
+    } else {
+      const int n = m.at("world_size").get<int>();
+      for (int r = 0; r < n; ++r) fs::remove(dir + "/" + ShardFile(r, n));
+      fs::remove(dir + "/metadata.json");
+      std::error_code ec;
+      fs::remove(dir, ec);  // only if nothing else is left in it
+    }
+  }
+  // Every rank learns whether rank 0 refused.
+  at::Tensor refused = at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble);
+  world.group()->broadcast(refused, 0).wait();
+  if (refused.item<double>() != 0) {
+    throw std::runtime_error(error.empty() ? dir + ": not an fsdp2 checkpoint; refusing to remove it"
+                                           : error);
+  }
+}
+
+}  // namespace checkpoint
+}  // namespace fsdp2

@@ -1,0 +1,60 @@
+// fsdp2/core/checkpoint/sharded_checkpoint.h
+//
+// Sharded checkpoints: a directory in which every rank writes its own rows
+// of every parameter and of its optimizer state, in parallel:
+//
+//   DIR/metadata.json              format, world size, global shapes and
+//                                  dtypes, optimizer kind, user progress
+//   DIR/rank<r>-of-<N>.safetensors "model/<name>" and "optim/<key>/<name>":
+//                                  this rank's rows; "row_start/<name>" and
+//                                  "step/<name>" in its metadata
+//
+// Replicas (NO_SHARD, HYBRID_SHARD's other groups) do not write duplicates.
+// Loading works on any number of ranks: each rank reads only the byte ranges
+// of the rows it holds under its own sharding. Pieces read whole (always, on
+// the saving world size) are checked against their CRC-32. Keys are parameter names, so
+// a checkpoint that does not match the model fails loudly, naming the
+// parameter. Saving is atomic: everything is written to a temporary
+// directory that replaces DIR only once complete.
+//
+// All functions are collective over the world.
+#ifndef FSDP2_CORE_CHECKPOINT_SHARDED_CHECKPOINT_H_
+#define FSDP2_CORE_CHECKPOINT_SHARDED_CHECKPOINT_H_
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <map>
+#include <string>
+
+#include "core/comm/world.h"
+
+namespace fsdp2 {
+namespace checkpoint {
+
+// Saves the sharded model under `root` and `optimizer`'s state (AdamW, Adam
+// or SGD; nullptr: model only) to `dir`, with `progress` (e.g. epoch and
+// step) in metadata.json.
+void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
+                           torch::optim::Optimizer* optimizer,
+                           comm::World& world,
+                           const std::map<std::string, std::string>& progress);
+
+// Loads `dir` into the live sharded model and optimizer (which must be of
+// the saved kind) on any number of ranks. Returns the saved progress. Throws
+// std::runtime_error naming the file or parameter on any mismatch or
+// corruption; the model is then unchanged.
+std::map<std::string, std::string> LoadShardedCheckpoint(
+    const std::string& dir, torch::nn::Module& root,
+    torch::optim::Optimizer* optimizer, comm::World& world);
+
+// Deletes a checkpoint directory written by SaveShardedCheckpoint: rank 0,
+// after a barrier, removes the files it knows and then the directory if it
+// is empty. Refuses (std::runtime_error) a path that is not such a
+// checkpoint.
+void RemoveCheckpoint(const std::string& dir, comm::World& world);
+
+}  // namespace checkpoint
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_CHECKPOINT_SHARDED_CHECKPOINT_H_
