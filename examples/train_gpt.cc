@@ -67,6 +67,9 @@ struct Flags {
   int log_every = 1;
   int64_t val_every = 10;
   std::string out_dir;  // default: ./fsdp2_out
+  std::string ckpt_dir;  // save a sharded checkpoint at the end
+  int64_t ckpt_every = 0;
+  std::string resume;    // continue from this checkpoint
   int progress_bar = -1;
 };
 
@@ -78,7 +81,8 @@ const char* kUsage =
     "             [--data PATH|pystdlib|synthetic] [--vocab-size N (synthetic)]\n"
     "             [--lr X] [--mixed-precision fp32|bf16] [--grad-accum N]\n"
     "             [--clip X (0: off)] [--metrics-out FILE] [--threads N]\n"
-    "             [--val-every N] [--out-dir DIR] [--progress-bar 0|1]\n";
+    "             [--val-every N] [--out-dir DIR] [--progress-bar 0|1]\n"
+    "             [--ckpt-dir DIR] [--ckpt-every N] [--resume DIR]\n";
 
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "train: " << message << "\n";
@@ -150,6 +154,9 @@ Flags ParseFlags(int argc, char** argv) {
   num("val-every", f.val_every);
   str("out-dir", f.out_dir);
   num("progress-bar", f.progress_bar);
+  str("ckpt-dir", f.ckpt_dir);
+  num("ckpt-every", f.ckpt_every);
+  str("resume", f.resume);
   if (!given.empty()) Fail("unknown flag --" + given.begin()->first + " (see --help)");
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
@@ -170,6 +177,10 @@ Flags ParseFlags(int argc, char** argv) {
       Fail("--data " + f.data + ": is a directory, expected a text file");
     }
   }
+  if (!f.resume.empty() && !fs::is_directory(f.resume)) {
+    Fail("--resume " + f.resume + ": no such checkpoint directory");
+  }
+  if (f.ckpt_every > 0 && f.ckpt_dir.empty()) Fail("--ckpt-every needs --ckpt-dir");
   if (f.strategy == "hybrid_shard" && (f.nproc < 2 || f.nproc % 2 != 0)) {
     Fail("--strategy hybrid_shard needs an even --nproc (a 2 x nproc/2 mesh)");
   }
@@ -314,6 +325,13 @@ int RunRank(const Flags& f) {
   auto module = std::make_shared<GPTModule>(config, f.lr);  // seeded alike
   strategy.connect(module);
   strategy.parallelize();
+  if (!f.resume.empty()) {
+    strategy.load_checkpoint(f.resume);
+    if (rank == 0) {
+      std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
+                  (long long)strategy.current_epoch_step().step);
+    }
+  }
 
   auto [train_set, val_set] = Windows(f, tokens, config.vocab_size);
   auto train = strategy.process_dataloader(train_set, int64_t{n} * f.batch_size);
@@ -333,6 +351,20 @@ int RunRank(const Flags& f) {
       f.metrics_out.empty() ? OutputPath(f, "metrics.jsonl") : f.metrics_out;
   trainer_options.metrics_csv = OutputPath(f, "metrics.csv");
   trainer_options.loss_curve_svg = OutputPath(f, "loss.svg");
+  if (!f.ckpt_dir.empty()) {
+    // Every --ckpt-every steps (if set) and at the end.
+    trainer_options.checkpoint_every_n_steps = f.ckpt_every > 0 ? f.ckpt_every : f.steps;
+    trainer_options.on_checkpoint = [&f, rank](strategy::FSDP2Strategy& s, int64_t step) {
+      const auto start = std::chrono::steady_clock::now();
+      s.save_checkpoint(f.ckpt_dir);
+      if (rank == 0) {
+        std::printf("checkpoint: step %lld saved to %s in %.0f ms\n", (long long)step,
+                    f.ckpt_dir.c_str(),
+                    std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - start).count());
+      }
+    };
+  }
   strategy::Trainer trainer(strategy, trainer_options);
 
   if (rank == 0) {

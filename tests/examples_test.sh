@@ -8,7 +8,7 @@ tmp="${TEST_TMPDIR:-/tmp}"
 fail=0
 
 run() { timeout 300 "$train" "$@" 2>&1; }
-losses() { grep -o 'loss [0-9.]*' | awk '{print $2}'; }
+losses() { grep -o ' loss [0-9][0-9.]*' | awk '{print $2}'; }
 
 common=(--steps 4 --n-layer 2 --n-embd 32 --n-head 2 --block-size 32 --threads 1)
 one=$(run --nproc 1 --batch-size 8 "${common[@]}" --metrics-out "$tmp/m1.jsonl" --out-dir "$tmp/out1") || { echo "nproc 1 failed"; echo "$one"; exit 1; }
@@ -28,6 +28,17 @@ if [[ $(wc -l < "$tmp/out2/metrics.csv") -ne 5 ]] || ! grep -q '<polyline' "$tmp
   echo "FAIL: expected metrics.csv (header + 4 steps) and a loss curve in --out-dir"; fail=1
 fi
 
+# Resume: 2 ranks train 2 steps and save; 1 rank resumes to step 4; the
+# losses of steps 3 and 4 equal the uninterrupted run's.
+first=$(run --nproc 2 --batch-size 4 "${common[@]}" --steps 2 --ckpt-dir "$tmp/ckpt" --out-dir "$tmp/o3") || { echo "$first"; exit 1; }
+resumed=$(run --nproc 1 --batch-size 8 "${common[@]}" --resume "$tmp/ckpt" --out-dir "$tmp/o4") || { echo "$resumed"; exit 1; }
+echo "$resumed"
+lr=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
+if [[ "$lr" != "$l2" ]]; then
+  echo "FAIL: 2 steps on 2 ranks + resume on 1 rank differ from 4 uninterrupted steps:"
+  paste <(echo "$l2") <(echo "$lr"); fail=1
+fi
+
 expect_error() {  # expected-text args...
   local want="$1"; shift
   out=$(run "$@"); code=$?
@@ -41,6 +52,7 @@ expect_error "no such file" --data /nonexistent/corpus.txt
 expect_error "is a directory" --data "$tmp"
 expect_error "unknown sharding strategy" --strategy zero3
 expect_error "needs an even --nproc" --nproc 3 --strategy hybrid_shard
+expect_error "no such checkpoint directory" --resume "$tmp/no_such_ckpt"
 
 if [[ $fail -ne 0 ]]; then exit 1; fi
 echo "examples_test: all checks passed"
