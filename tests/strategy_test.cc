@@ -29,6 +29,7 @@ namespace {
 using strategy::Batch;
 
 constexpr uint64_t kSeed = 11;
+constexpr uint64_t kSamplerSeed = 5;
 constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
 constexpr int64_t kRows = 96;
 
@@ -86,28 +87,44 @@ strategy::FSDP2StrategyOptions Options() {
   strategy::FSDP2StrategyOptions o;
   o.mp_policy = fsdp::MixedPrecisionPolicy{};  // float64 throughout
   o.seed = kSeed;
-  o.data_sampler.seed = 5;
+  o.data_sampler.seed = kSamplerSeed;
   o.timeout = std::chrono::seconds(60);
   return o;
 }
 
-// The reference: one process, no FSDP, the same global batches.
+// One process, no FSDP: the model (seeded as the strategy seeds), its
+// optimizer, the data and the global batches every reference below uses.
+struct Reference {
+  Reference() {
+    torch::manual_seed(kSeed);
+    module = std::make_shared<GPTModule>();
+    optimizer = module->configure_optimizers();
+  }
+  static strategy::DistributedSamplerOptions SamplerOptions() {
+    strategy::DistributedSamplerOptions o;
+    o.seed = kSamplerSeed;
+    o.global_batch_size = kGlobalBatch;
+    return o;
+  }
+  Batch rows(const std::vector<int64_t>& idx) const {
+    at::Tensor t = at::tensor(idx, at::kLong);
+    return {data[0].index_select(0, t), data[1].index_select(0, t)};
+  }
+  std::shared_ptr<GPTModule> module;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  Batch data = Dataset(kRows);
+  strategy::DistributedSampler sampler{kRows, 0, 1, SamplerOptions()};
+};
+
+// The reference losses of `steps` plain steps on the same global batches.
 std::vector<double> ReferenceLosses(int steps) {
-  torch::manual_seed(kSeed);
-  GPTModule m;
-  auto optimizer = m.configure_optimizers();
-  auto data = Dataset(kRows);
-  strategy::DistributedSamplerOptions so;
-  so.seed = 5;
-  so.global_batch_size = kGlobalBatch;
-  strategy::DistributedSampler sampler(kRows, 0, 1, so);
+  Reference ref;
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
-    at::Tensor idx = at::tensor(sampler.global_batch(i), at::kLong);
-    at::Tensor loss = m.Loss({data[0].index_select(0, idx), data[1].index_select(0, idx)});
+    at::Tensor loss = ref.module->Loss(ref.rows(ref.sampler.global_batch(i)));
     loss.backward();
-    optimizer->step();
-    optimizer->zero_grad();
+    ref.optimizer->step();
+    ref.optimizer->zero_grad();
     losses.push_back(loss.item<double>());
   }
   return losses;
@@ -276,38 +293,28 @@ FSDP2_SCENARIO(trainer_fit) {
 
 TEST(Trainer, FitEqualsOneProcessWithAccumulationClippingAndValidation) {
   // Reference: step k trains on loader batches 2k and 2k+1 as one batch of
-  // 16 rows (equal halves, so the mean matches the accumulated mean), clips
-  // to 0.5, and validates on batch 0 after steps 2 and 4.
-  torch::manual_seed(kSeed);
-  GPTModule m;
-  auto optimizer = m.configure_optimizers();
-  auto data = Dataset(kRows);
-  strategy::DistributedSamplerOptions so;
-  so.seed = 5;
-  so.global_batch_size = kGlobalBatch;
-  strategy::DistributedSampler sampler(kRows, 0, 1, so);
-  auto rows = [&](std::vector<int64_t> idx) {
-    at::Tensor t = at::tensor(idx, at::kLong);
-    return Batch{data[0].index_select(0, t), data[1].index_select(0, t)};
-  };
+  // 2 x 12 rows (equal halves, so the mean matches the accumulated mean),
+  // clips to 0.5, and validates on batch 0 after steps 2 and 4.
+  Reference single;
   std::vector<std::array<double, 3>> ref;
   for (int step = 0; step < 4; ++step) {
-    auto idx = sampler.global_batch(2 * step);
-    auto more = sampler.global_batch(2 * step + 1);
+    auto idx = single.sampler.global_batch(2 * step);
+    auto more = single.sampler.global_batch(2 * step + 1);
     idx.insert(idx.end(), more.begin(), more.end());
-    at::Tensor loss = m.Loss(rows(idx));
+    at::Tensor loss = single.module->Loss(single.rows(idx));
     loss.backward();
-    const double norm = torch::nn::utils::clip_grad_norm_(m.gpt_->parameters(), 0.5);
-    optimizer->step();
-    optimizer->zero_grad();
+    const double norm =
+        torch::nn::utils::clip_grad_norm_(single.module->gpt_->parameters(), 0.5);
+    single.optimizer->step();
+    single.optimizer->zero_grad();
     double val = -1;
     if ((step + 1) % 2 == 0) {
       at::NoGradGuard no_grad;
-      val = m.Loss(rows(sampler.global_batch(0))).item<double>();
+      val = single.module->Loss(single.rows(single.sampler.global_batch(0))).item<double>();
     }
     ref.push_back({loss.item<double>(), norm, val});
   }
-  for (int n : {1, 2, 4}) {
+  for (int n : {1, 2, 3, 4}) {
     LaunchOptions o;
     o.world_size = n;
     o.scenario = "trainer_fit";
