@@ -497,6 +497,67 @@ FSDP2_SCENARIO(checkpoint_errors) {
   if (fs::exists(dir)) throw std::runtime_error("checkpoint not removed");
 }
 
+// Saves the same state to DIR over and over until killed.
+FSDP2_SCENARIO(save_forever) {
+  strategy::FSDP2Strategy s(Options());
+  s.setup_environment();
+  auto module = std::make_shared<GPTModule>();
+  s.connect(module);
+  s.parallelize();
+  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+  s.backward(s.training_step(loader.batch(0), 0));
+  s.optimizer_step();
+  s.save_checkpoint(args.at(0));
+  std::ofstream(WorkerOutDir() + "/saved_once").put('1');
+  for (;;) s.save_checkpoint(args.at(0));
+}
+
+// Loads DIR and writes the full parameters, for comparison.
+FSDP2_SCENARIO(load_and_dump) {
+  strategy::FSDP2Strategy s(Options());
+  s.setup_environment();
+  auto module = std::make_shared<GPTModule>();
+  s.connect(module);
+  s.parallelize();
+  s.load_checkpoint(args.at(0));
+  std::vector<at::Tensor> values;
+  for (auto& kv : s.lightning_module_state_dict()) values.push_back(kv.second);
+  if (s.world()->rank() == 0) torch::save(values, WorkerOutDir() + "/params.pt");
+}
+
+TEST(FSDP2Strategy, KilledDuringSaveLeavesALoadableCheckpoint) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/killed";
+  std::vector<at::Tensor> first_load;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    LaunchOptions o;
+    o.world_size = 2;
+    o.scenario = "save_forever";
+    o.args = {dir};
+    // Every rank is SIGKILLed when the time is up, in the middle of a save
+    // (they save back to back).
+    o.timeout = std::chrono::seconds(6 + attempt);
+    auto r = LaunchRanks(o);
+    ASSERT_TRUE(r.ranks[0].timed_out) << "the ranks should still be saving\n" << r.Describe();
+    ASSERT_TRUE(std::ifstream(r.out_dir + "/saved_once").good())
+        << "not one save completed before the kill\n" << r.Describe();
+    LaunchOptions l;
+    l.world_size = 2;
+    l.scenario = "load_and_dump";
+    l.args = {dir};
+    l.timeout = std::chrono::seconds(120);
+    auto loaded = LaunchRanks(l);
+    ASSERT_TRUE(loaded.ok()) << "after a kill mid-save:\n" << loaded.Describe();
+    std::vector<at::Tensor> values;
+    torch::load(values, loaded.out_dir + "/params.pt");
+    if (first_load.empty()) {
+      first_load = values;
+    } else {
+      ASSERT_EQ(values.size(), first_load.size());
+      for (size_t i = 0; i < values.size(); ++i) EXPECT_TRUE(values[i].equal(first_load[i]));
+    }
+  }
+}
+
 TEST(FSDP2Strategy, BrokenCheckpointsAreClearErrors) {
   LaunchOptions o;
   o.world_size = 1;

@@ -21,6 +21,14 @@ namespace {
 namespace fs = std::filesystem;
 constexpr const char* kFormat = "fsdp2.sharded.v1";
 
+// A save swaps directories in two renames (DIR -> DIR.old, DIR.tmp -> DIR).
+// A crash between them leaves the previous checkpoint as DIR.old only: put
+// it back.
+void RecoverInterruptedSwap(const std::string& dir) {
+  const std::string old = dir + ".old";
+  if (!fs::exists(dir) && fs::is_directory(old)) fs::rename(old, dir);
+}
+
 std::string ShardFile(int rank, int world) {
   return "rank" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
 }
@@ -112,6 +120,7 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
   const std::string tmp = dir + ".tmp";
   const auto shards = fsdp::shard_info(root, world.rank());
   if (world.rank() == 0) {
+    RecoverInterruptedSwap(dir);
     if (fs::exists(dir) && !fs::is_directory(dir)) {
       throw std::runtime_error(dir + ": exists and is not a directory");
     }
@@ -161,6 +170,8 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
 std::map<std::string, std::string> LoadShardedCheckpoint(
     const std::string& dir, torch::nn::Module& root, torch::optim::Optimizer* optimizer,
     comm::World& world) {
+  if (world.rank() == 0) RecoverInterruptedSwap(dir);
+  world.group()->barrier().wait();
   if (!fs::is_directory(dir)) {
     throw std::runtime_error(dir + ": " + (fs::exists(dir) ? "is a file, expected a checkpoint directory"
                                                            : "no such checkpoint directory"));

@@ -14,8 +14,10 @@
 // of the rows it holds under its own sharding. Pieces read whole (always, on
 // the saving world size) are checked against their CRC-32. Keys are parameter names, so
 // a checkpoint that does not match the model fails loudly, naming the
-// parameter. Saving is atomic: everything is written to a temporary
-// directory that replaces DIR only once complete.
+// parameter. Saving is atomic: everything is written to DIR.tmp, which
+// replaces DIR only once complete; a process killed at any point leaves the
+// previous checkpoint loadable (if it died between the two renames of the
+// swap, the next save or load moves DIR.old back).
 //
 // All functions are collective over the world.
 #ifndef FSDP2_CORE_CHECKPOINT_SHARDED_CHECKPOINT_H_
