@@ -70,6 +70,7 @@ struct Flags {
   std::string ckpt_dir;  // save a sharded checkpoint at the end
   int64_t ckpt_every = 0;
   std::string resume;    // continue from this checkpoint
+  std::string checkpoint_format = "sharded";
   int progress_bar = -1;
 };
 
@@ -82,7 +83,8 @@ const char* kUsage =
     "             [--lr X] [--mixed-precision fp32|bf16] [--grad-accum N]\n"
     "             [--clip X (0: off)] [--metrics-out FILE] [--threads N]\n"
     "             [--val-every N] [--out-dir DIR] [--progress-bar 0|1]\n"
-    "             [--ckpt-dir DIR] [--ckpt-every N] [--resume DIR]\n";
+    "             [--ckpt-dir PATH] [--ckpt-every N] [--resume PATH]\n"
+    "             [--checkpoint-format sharded|full]\n";
 
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "train: " << message << "\n";
@@ -157,6 +159,7 @@ Flags ParseFlags(int argc, char** argv) {
   str("ckpt-dir", f.ckpt_dir);
   num("ckpt-every", f.ckpt_every);
   str("resume", f.resume);
+  str("checkpoint-format", f.checkpoint_format);
   if (!given.empty()) Fail("unknown flag --" + given.begin()->first + " (see --help)");
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
@@ -177,8 +180,11 @@ Flags ParseFlags(int argc, char** argv) {
       Fail("--data " + f.data + ": is a directory, expected a text file");
     }
   }
-  if (!f.resume.empty() && !fs::is_directory(f.resume)) {
-    Fail("--resume " + f.resume + ": no such checkpoint directory");
+  if (!f.resume.empty() && !fs::exists(f.resume) && !fs::exists(f.resume + ".old")) {
+    Fail("--resume " + f.resume + ": no such checkpoint");
+  }
+  if (f.checkpoint_format != "sharded" && f.checkpoint_format != "full") {
+    Fail("--checkpoint-format must be sharded or full, got '" + f.checkpoint_format + "'");
   }
   if (f.ckpt_every > 0 && f.ckpt_dir.empty()) Fail("--ckpt-every needs --ckpt-dir");
   if (f.strategy == "hybrid_shard" && (f.nproc < 2 || f.nproc % 2 != 0)) {
@@ -304,6 +310,7 @@ int RunRank(const Flags& f) {
                                                   : fsdp::MixedPrecisionPolicy{};
   options.seed = f.seed;
   options.data_sampler.seed = f.seed;
+  options.checkpoint_format = f.checkpoint_format;
   const char* backend = std::getenv("FSDP2_BACKEND");
   options.backend = backend ? backend : "gloo";
   strategy::FSDP2Strategy strategy(options);

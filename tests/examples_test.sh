@@ -39,6 +39,14 @@ if [[ "$lr" != "$l2" ]]; then
   paste <(echo "$l2") <(echo "$lr"); fail=1
 fi
 
+# The same with a full (single-file) checkpoint, resumed on 2 ranks.
+first=$(run --nproc 1 --batch-size 8 "${common[@]}" --steps 2 --ckpt-dir "$tmp/full.safetensors" --checkpoint-format full --out-dir "$tmp/o5") || { echo "$first"; exit 1; }
+resumed=$(run --nproc 2 --batch-size 4 "${common[@]}" --resume "$tmp/full.safetensors" --out-dir "$tmp/o6") || { echo "$resumed"; exit 1; }
+lf=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
+if [[ "$lf" != "$l2" ]]; then
+  echo "FAIL: full checkpoint resume differs:"; paste <(echo "$l2") <(echo "$lf"); fail=1
+fi
+
 expect_error() {  # expected-text args...
   local want="$1"; shift
   out=$(run "$@"); code=$?
@@ -52,7 +60,8 @@ expect_error "no such file" --data /nonexistent/corpus.txt
 expect_error "is a directory" --data "$tmp"
 expect_error "unknown sharding strategy" --strategy zero3
 expect_error "needs an even --nproc" --nproc 3 --strategy hybrid_shard
-expect_error "no such checkpoint directory" --resume "$tmp/no_such_ckpt"
+expect_error "no such checkpoint" --resume "$tmp/no_such_ckpt"
+expect_error "must be sharded or full" --checkpoint-format zip
 
 if [[ $fail -ne 0 ]]; then exit 1; fi
 echo "examples_test: all checks passed"

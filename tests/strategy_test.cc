@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/checkpoint/full_checkpoint.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
 #include "core/strategy/fsdp2_strategy.h"
@@ -352,11 +353,13 @@ TEST(Trainer, LossCurveOfNothingIsStillAPicture) {
   EXPECT_NE(strategy::LossCurveSvg({}).find("</svg>"), std::string::npos);
 }
 
-// args: "save" DIR steps | "load" DIR first end. Trains, then saves a
-// sharded checkpoint; or loads one (saved on any number of ranks) and trains
-// on from step `first`.
+// args: "save" PATH steps FORMAT | "load" PATH first end. Trains, then
+// saves a checkpoint in FORMAT; or loads one (saved on any number of ranks)
+// and trains on from step `first`.
 FSDP2_SCENARIO(checkpoint_resume) {
-  strategy::FSDP2Strategy s(Options());
+  auto options = Options();
+  if (args.at(0) == "save") options.checkpoint_format = args.at(3);
+  strategy::FSDP2Strategy s(options);
   s.setup_environment();
   auto module = std::make_shared<GPTModule>();
   s.connect(module);
@@ -382,17 +385,18 @@ FSDP2_SCENARIO(checkpoint_resume) {
   if (save) s.save_checkpoint(dir);
 }
 
-TEST(FSDP2Strategy, ShardedCheckpointResumesOnAnyNumberOfRanks) {
+TEST(FSDP2Strategy, CheckpointsResumeOnAnyNumberOfRanks) {
   const int steps = 6;
   const auto ref = ReferenceLosses(steps);
+  for (const std::string format : {"sharded", "full"})
   for (int saved : {2, 4}) {
-    const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ckpt" +
+    const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/ckpt_" + format +
                             std::to_string(saved);
     LaunchOptions o;
     o.scenario = "checkpoint_resume";
     o.timeout = std::chrono::seconds(180);
     o.world_size = saved;
-    o.args = {"save", dir, "3"};
+    o.args = {"save", dir, "3", format};
     auto first = LaunchRanks(o);
     ASSERT_TRUE(first.ok()) << first.Describe();
     for (int loaded : {1, 2, 3, 4}) {
@@ -407,11 +411,11 @@ TEST(FSDP2Strategy, ShardedCheckpointResumesOnAnyNumberOfRanks) {
       ASSERT_EQ(a.size(), ref.size());
       for (int i = 0; i < steps; ++i) {
         EXPECT_NEAR(a[i], ref[i], 1e-11 * ref[i])
-            << "saved on " << saved << ", loaded on " << loaded << ", step " << i;
+            << format << " saved on " << saved << ", loaded on " << loaded << ", step " << i;
       }
     }
-    std::printf("checkpoint saved on %d ranks resumes on 1, 2, 3 and 4 ranks with the "
-                "uninterrupted losses\n", saved);
+    std::printf("%s checkpoint saved on %d ranks resumes on 1, 2, 3 and 4 ranks with the "
+                "uninterrupted losses\n", format.c_str(), saved);
   }
 }
 
@@ -455,7 +459,7 @@ FSDP2_SCENARIO(checkpoint_errors) {
     return to;
   };
   expect(WorkerOutDir() + "/nothing", "no such checkpoint directory");
-  expect(dir + "/metadata.json", "is a file, expected a checkpoint directory");
+  expect(dir + "/metadata.json", "not a safetensors file");  // a file: read as full
   auto no_meta = copy("no_meta");
   fs::remove(no_meta + "/metadata.json");
   expect(no_meta, "not an fsdp2 sharded checkpoint");
@@ -495,6 +499,20 @@ FSDP2_SCENARIO(checkpoint_errors) {
   if (!refused || !fs::exists(no_meta)) throw std::runtime_error("removed a non-checkpoint");
   s.remove_checkpoint(dir);
   if (fs::exists(dir)) throw std::runtime_error("checkpoint not removed");
+
+  // The full format (a file): it loads; a corrupted byte is caught by rank
+  // 0's checksum pass; remove_checkpoint removes it.
+  const std::string file = WorkerOutDir() + "/full.safetensors";
+  checkpoint::SaveFullCheckpoint(file, *module->module(), &s.optimizer(), *s.world(), {});
+  s.load_checkpoint(file);
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x55');
+  }
+  expect(file, "checksum mismatch");
+  s.remove_checkpoint(file);
+  if (fs::exists(file)) throw std::runtime_error("full checkpoint not removed");
 }
 
 // Saves the same state to DIR over and over until killed.

@@ -105,39 +105,122 @@ void WriteFileAtomically(const std::string& path, const std::string& bytes) {
 
 void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsStreamWriter::Spec> specs;
+  for (const auto& [name, t] : tensors) {
+    specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  }
+  SafetensorsStreamWriter writer(path, std::move(specs), metadata);
+  for (const auto& item : tensors) writer.write(item.second);
+  writer.commit();
+}
+
+namespace {
+
+// Writes all of `bytes` to `fd` or fails naming `path`.
+void WriteAll(int fd, const char* bytes, size_t size, const std::string& path) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = write(fd, bytes + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) Fail(path, std::string("write failed: ") + std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+SafetensorsStreamWriter::SafetensorsStreamWriter(
+    std::string path, std::vector<Spec> specs, std::map<std::string, std::string> metadata)
+    : path_(std::move(path)), specs_(std::move(specs)), metadata_(std::move(metadata)) {
+  struct stat st {};
+  if (stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    Fail(path_, "is a directory, expected a file");
+  }
+  std::set<std::string> seen;
+  for (const auto& spec : specs_) {
+    if (spec.name.empty() || spec.name == "__metadata__" || !seen.insert(spec.name).second) {
+      throw std::invalid_argument("safetensors: bad or repeated tensor name '" + spec.name + "'");
+    }
+    crcs_[spec.name] = "00000000";  // same width as the real ones
+  }
+  tmp_ = path_ + ".tmp." + std::to_string(getpid());
+  fd_ = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) Fail(tmp_, std::string("cannot create: ") + std::strerror(errno));
+  const std::string h = header(crcs_);
+  header_bytes_ = h.size();
+  WriteAll(fd_, h.data(), h.size(), tmp_);
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (fd_ >= 0) {
+    close(fd_);
+    unlink(tmp_.c_str());
+  }
+}
+
+std::string SafetensorsStreamWriter::header(
+    const std::map<std::string, std::string>& crcs) const {
   nlohmann::json header = nlohmann::json::object();
   nlohmann::json meta = nlohmann::json::object();
-  for (const auto& [k, v] : metadata) meta[k] = v;
+  for (const auto& [k, v] : metadata_) meta[k] = v;
   meta["fsdp2.format_version"] = kFormatVersion;
-  std::vector<at::Tensor> data;
-  std::set<std::string> seen;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    if (name.empty() || name == "__metadata__" || !seen.insert(name).second) {
-      throw std::invalid_argument("safetensors: tensor names must be unique, non-empty "
-                                  "and not __metadata__ (got '" + name + "')");
-    }
-    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-    const uint64_t bytes = t.numel() * t.element_size();
-    header[name] = {{"dtype", DtypeName(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    meta["fsdp2.crc32." + name] = Hex(Crc32(t.data_ptr(), bytes));
+  for (const auto& spec : specs_) {
+    uint64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= static_cast<uint64_t>(d);
+    const uint64_t bytes = numel * c10::elementSize(spec.dtype);
+    header[spec.name] = {{"dtype", DtypeName(spec.dtype)},
+                         {"shape", spec.shape},
+                         {"data_offsets", {offset, offset + bytes}}};
+    meta["fsdp2.crc32." + spec.name] = crcs.at(spec.name);
     offset += bytes;
-    data.push_back(t);
   }
   header["__metadata__"] = meta;
   std::string json = header.dump();
-  json.append((8 - json.size() % 8) % 8, ' ');  // align the data section
-  std::string out;
-  out.reserve(8 + json.size() + offset);
-  const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xFF));
-  out += json;
-  for (const auto& t : data) {
-    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((json.size() >> (8 * i)) & 0xFF);
+  return out + json;
+}
+
+void SafetensorsStreamWriter::write(const at::Tensor& tensor) {
+  if (next_ >= specs_.size()) Fail(path_, "more tensors written than specified");
+  const Spec& spec = specs_[next_++];
+  at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+  if (t.scalar_type() != spec.dtype || t.sizes().vec() != spec.shape) {
+    Fail(path_, "tensor '" + spec.name + "' does not match its declared dtype and shape");
   }
-  WriteFileAtomically(path, out);
+  const size_t bytes = t.numel() * t.element_size();
+  crcs_[spec.name] = Hex(Crc32(t.data_ptr(), bytes));
+  WriteAll(fd_, static_cast<const char*>(t.data_ptr()), bytes, tmp_);
+}
+
+void SafetensorsStreamWriter::commit() {
+  if (next_ != specs_.size()) {
+    Fail(path_, std::to_string(specs_.size() - next_) + " declared tensors were not written");
+  }
+  const std::string h = header(crcs_);
+  if (h.size() != header_bytes_ || pwrite(fd_, h.data(), h.size(), 0) != static_cast<ssize_t>(h.size())) {
+    Fail(tmp_, "could not rewrite the header");
+  }
+  if (fsync(fd_) != 0 || close(fd_) != 0) {
+    fd_ = -1;
+    unlink(tmp_.c_str());
+    Fail(tmp_, std::string("fsync failed: ") + std::strerror(errno));
+  }
+  fd_ = -1;
+  if (rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    unlink(tmp_.c_str());
+    Fail(path_, "rename failed: " + why);
+  }
+  const auto slash = path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
 }
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {

@@ -32,6 +32,38 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// Writes a safetensors file one tensor at a time, for files larger than
+// memory: names, dtypes and shapes are given up front, write() takes each
+// tensor's data in that order, and commit() fills in the checksums and moves
+// the file into place atomically. Without commit() nothing is left behind.
+class SafetensorsStreamWriter {
+ public:
+  struct Spec {
+    std::string name;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+  };
+  SafetensorsStreamWriter(std::string path, std::vector<Spec> specs,
+                          std::map<std::string, std::string> metadata = {});
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+
+  void write(const at::Tensor& tensor);  // the next tensor, as specified
+  void commit();
+
+ private:
+  std::string header(const std::map<std::string, std::string>& crcs) const;
+
+  std::string path_, tmp_;
+  std::vector<Spec> specs_;
+  std::map<std::string, std::string> metadata_;
+  std::map<std::string, std::string> crcs_;
+  size_t next_ = 0;
+  size_t header_bytes_ = 0;
+  int fd_ = -1;
+};
+
 struct TensorInfo {
   at::ScalarType dtype;
   std::vector<int64_t> shape;

@@ -1,9 +1,6 @@
 #include "core/checkpoint/sharded_checkpoint.h"
 
 #include <ATen/ATen.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/checkpoint/internal/optimizer_state.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/fsdp/fully_shard.h"
 
@@ -19,6 +17,11 @@ namespace checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
+using internal::GetState;
+using internal::OptimizerKind;
+using internal::ParamState;
+using internal::RowNumel;
+using internal::SetState;
 constexpr const char* kFormat = "fsdp2.sharded.v1";
 
 // A save swaps directories in two renames (DIR -> DIR.old, DIR.tmp -> DIR).
@@ -31,79 +34,6 @@ void RecoverInterruptedSwap(const std::string& dir) {
 
 std::string ShardFile(int rank, int world) {
   return "rank" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
-}
-
-// Optimizer state of one parameter: its step and tensors shaped like it.
-struct ParamState {
-  int64_t step = 0;
-  std::map<std::string, at::Tensor> tensors;
-};
-
-std::string OptimizerKind(torch::optim::Optimizer* o) {
-  if (o == nullptr) return "none";
-  if (dynamic_cast<torch::optim::AdamW*>(o)) return "adamw";
-  if (dynamic_cast<torch::optim::Adam*>(o)) return "adam";
-  if (dynamic_cast<torch::optim::SGD*>(o)) return "sgd";
-  throw std::invalid_argument(
-      "sharded checkpoint: optimizer state is saved for AdamW, Adam and SGD only");
-}
-
-std::string StateKey(const at::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
-}
-
-template <typename S>
-ParamState FromAdam(const S& s) {
-  ParamState out;
-  out.step = s.step();
-  out.tensors["exp_avg"] = s.exp_avg();
-  out.tensors["exp_avg_sq"] = s.exp_avg_sq();
-  if (s.max_exp_avg_sq().defined()) out.tensors["max_exp_avg_sq"] = s.max_exp_avg_sq();
-  return out;
-}
-
-c10::optional<ParamState> GetState(torch::optim::Optimizer& o, const at::Tensor& p) {
-  auto it = o.state().find(StateKey(p));
-  if (it == o.state().end()) return c10::nullopt;
-  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) return FromAdam(*s);
-  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) return FromAdam(*s);
-  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
-    ParamState out;
-    out.tensors["momentum_buffer"] = s->momentum_buffer();
-    return out;
-  }
-  return c10::nullopt;
-}
-
-template <typename S>
-std::unique_ptr<S> ToAdam(const ParamState& st) {
-  auto s = std::make_unique<S>();
-  s->step(st.step);
-  s->exp_avg(st.tensors.at("exp_avg"));
-  s->exp_avg_sq(st.tensors.at("exp_avg_sq"));
-  auto m = st.tensors.find("max_exp_avg_sq");
-  if (m != st.tensors.end()) s->max_exp_avg_sq(m->second);
-  return s;
-}
-
-void SetState(torch::optim::Optimizer& o, const std::string& kind, const at::Tensor& p,
-              const ParamState& st) {
-  std::unique_ptr<torch::optim::OptimizerParamState> s;
-  if (kind == "adamw") s = ToAdam<torch::optim::AdamWParamState>(st);
-  if (kind == "adam") s = ToAdam<torch::optim::AdamParamState>(st);
-  if (kind == "sgd") {
-    auto sgd = std::make_unique<torch::optim::SGDParamState>();
-    sgd->momentum_buffer(st.tensors.at("momentum_buffer"));
-    s = std::move(sgd);
-  }
-  o.state()[StateKey(p)] = std::move(s);
-}
-
-// Elements per dim-0 row of a parameter (1 for 0-d parameters).
-int64_t RowNumel(const std::vector<int64_t>& global_shape) {
-  int64_t n = 1;
-  for (size_t d = 1; d < global_shape.size(); ++d) n *= global_shape[d];
-  return n;
 }
 
 // A local shard (or optimizer tensor shaped like it) as [rows, row_numel].
@@ -264,8 +194,8 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
     if (optimizer == nullptr || !steps.count(s.name)) continue;
     ParamState st;
     st.step = steps[s.name];
-    for (const auto& key : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"}) {
-      const std::string name = std::string("optim/") + key + "/" + s.name;
+    for (const auto& key : internal::StateKeys()) {
+      const std::string name = "optim/" + key + "/" + s.name;
       if (pieces.count(name)) {
         st.tensors[key] = assemble(name, s);
       }

@@ -232,26 +232,9 @@ std::pair<FSDPUnit*, const FSDPParam*> FindShard(
 
 std::vector<std::pair<std::string, at::Tensor>> full_state_dict(
     torch::nn::Module& root) {
-  at::NoGradGuard no_grad;
-  const auto units = UnitsUnder(root);
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
-    auto [unit, p] = FindShard(units, item.value());
-    if (p == nullptr) {
-      out.emplace_back(item.key(), item.value().detach().clone());
-      continue;
-    }
-    const int64_t world = unit->shard_world();
-    at::Tensor local = at::zeros({p->shard_numel()}, p->shard.options());
-    local.narrow(0, 0, p->local_numel()).copy_(p->shard.detach().reshape({-1}));
-    at::Tensor gathered = local;
-    if (unit->shard_group()) {
-      gathered = at::empty({world * p->shard_numel()}, p->shard.options());
-      unit->shard_group()->all_gather_into_flat(gathered, local).wait();
-    }
-    out.emplace_back(item.key(), gathered.narrow(0, 0, p->rows * p->row_numel)
-                                     .view(p->global_shape)
-                                     .clone());
+  for (const auto& info : shard_info(root, /*world_rank=*/0)) {
+    out.emplace_back(info.name, gather_rows(info, info.shard));
   }
   return out;
 }
@@ -315,6 +298,7 @@ std::vector<ShardInfo> shard_info(torch::nn::Module& root, int world_rank) {
       info.global_shape = item.value().sizes().vec();
       info.rows = item.value().dim() == 0 ? 1 : item.value().size(0);
       info.local_rows = info.rows;
+      info.shard_rows = info.rows;
       info.primary = world_rank == 0;
     } else {
       info.global_shape = p->global_shape;
@@ -322,10 +306,25 @@ std::vector<ShardInfo> shard_info(torch::nn::Module& root, int world_rank) {
       info.row_start = p->row_start;
       info.local_rows = p->local_rows;
       info.primary = unit->primary_replica();
+      info.group = unit->shard_group();
+      info.shard_rows = p->shard_rows;
     }
     out.push_back(std::move(info));
   }
   return out;
+}
+
+at::Tensor gather_rows(const ShardInfo& info, const at::Tensor& local) {
+  at::NoGradGuard no_grad;
+  int64_t width = 1;
+  for (size_t d = 1; d < info.global_shape.size(); ++d) width *= info.global_shape[d];
+  if (!info.group) return local.detach().reshape(info.global_shape).clone();
+  const int64_t world = info.group->size();
+  at::Tensor padded = at::zeros({info.shard_rows * width}, local.options());
+  padded.narrow(0, 0, info.local_rows * width).copy_(local.detach().reshape({-1}));
+  at::Tensor gathered = at::empty({world * info.shard_rows * width}, local.options());
+  info.group->all_gather_into_flat(gathered, padded).wait();
+  return gathered.narrow(0, 0, info.rows * width).view(info.global_shape);
 }
 
 int64_t peak_unsharded_param_bytes() { return PeakUnshardedBytes(); }

@@ -155,7 +155,16 @@ struct ShardInfo {
   // True on exactly one rank per distinct row range: replicas (NO_SHARD,
   // HYBRID_SHARD's other groups, parameters outside FSDP) are not primary.
   bool primary = true;
+  // The ranks that hold the other rows (null: this rank holds them all), and
+  // the padded rows per rank that an all-gather over that group exchanges.
+  std::shared_ptr<comm::ProcessGroup> group;
+  int64_t shard_rows = 0;
 };
+
+// The full value of a tensor shaped like `info.shard` (the shard itself, or
+// optimizer state that shards the same way), gathered over info.group.
+// Collective over that group.
+at::Tensor gather_rows(const ShardInfo& info, const at::Tensor& local);
 std::vector<ShardInfo> shard_info(torch::nn::Module& root, int world_rank);
 
 namespace internal {

@@ -1,5 +1,8 @@
 #include "core/strategy/fsdp2_strategy.h"
 
+#include <filesystem>
+
+#include "core/checkpoint/full_checkpoint.h"
 #include "core/checkpoint/sharded_checkpoint.h"
 
 #include <ATen/ATen.h>
@@ -94,6 +97,10 @@ FSDP2Strategy::FSDP2Strategy(FSDP2StrategyOptions options)
   if (options_.backend != "gloo" && options_.backend != "nccl") {
     throw std::invalid_argument("FSDP2Strategy: backend must be gloo or nccl, got '" +
                                 options_.backend + "'");
+  }
+  if (options_.checkpoint_format != "sharded" && options_.checkpoint_format != "full") {
+    throw std::invalid_argument("FSDP2Strategy: checkpoint_format must be sharded or full, got '" +
+                                options_.checkpoint_format + "'");
   }
   if (options_.timeout.count() <= 0) {
     throw std::invalid_argument("FSDP2Strategy: timeout must be positive");
@@ -320,25 +327,39 @@ void FSDP2Strategy::load_model_state_dict(
   fsdp::load_full_state_dict(*module_->module(), state, strict);
 }
 
-void FSDP2Strategy::save_checkpoint(const std::string& dir) {
+void FSDP2Strategy::save_checkpoint(const std::string& path) {
   require(true, true, "save_checkpoint");
-  checkpoint::SaveShardedCheckpoint(
-      dir, *module_->module(), optimizer_.get(), *world_,
-      {{"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}});
+  const std::map<std::string, std::string> progress = {
+      {"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}};
+  if (options_.checkpoint_format == "full") {
+    checkpoint::SaveFullCheckpoint(path, *module_->module(), optimizer_.get(), *world_, progress);
+  } else {
+    checkpoint::SaveShardedCheckpoint(path, *module_->module(), optimizer_.get(), *world_,
+                                      progress);
+  }
 }
 
-void FSDP2Strategy::load_checkpoint(const std::string& dir) {
+void FSDP2Strategy::load_checkpoint(const std::string& path) {
   require(true, true, "load_checkpoint");
+  // Sharded checkpoints are directories (possibly mid-swap: DIR.old).
+  const bool sharded = std::filesystem::is_directory(path) ||
+                       std::filesystem::is_directory(path + ".old") ||
+                       !std::filesystem::exists(path);
   auto progress =
-      checkpoint::LoadShardedCheckpoint(dir, *module_->module(), optimizer_.get(), *world_);
+      sharded ? checkpoint::LoadShardedCheckpoint(path, *module_->module(), optimizer_.get(), *world_)
+              : checkpoint::LoadFullCheckpoint(path, *module_->module(), optimizer_.get(), *world_);
   pending_optimizer_state_.reset();  // the checkpoint's state wins
   epoch_ = progress.count("epoch") ? std::stoll(progress["epoch"]) : 0;
   global_step_ = progress.count("global_step") ? std::stoll(progress["global_step"]) : 0;
 }
 
-void FSDP2Strategy::remove_checkpoint(const std::string& dir) {
+void FSDP2Strategy::remove_checkpoint(const std::string& path) {
   require(true, false, "remove_checkpoint");
-  checkpoint::RemoveCheckpoint(dir, *world_);
+  if (std::filesystem::is_regular_file(path)) {
+    checkpoint::RemoveFullCheckpoint(path, *world_);
+  } else {
+    checkpoint::RemoveCheckpoint(path, *world_);
+  }
 }
 
 void FSDP2Strategy::barrier() {

@@ -88,6 +88,9 @@ struct FSDP2StrategyOptions {
   bool cpu_offload = false;
   std::string backend = "gloo";
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // save_checkpoint's format: "sharded" (a directory, every rank writes its
+  // rows) or "full" (one safetensors file written by rank 0).
+  std::string checkpoint_format = "sharded";
   uint64_t seed = 0;  // torch::manual_seed on every rank in setup_environment
   ParallelizeFn parallelize_fn;  // empty: DefaultParallelize
 };
@@ -159,15 +162,16 @@ class FSDP2Strategy {
       const std::vector<std::pair<std::string, at::Tensor>>& state,
       bool strict = true);
 
-  // Sharded checkpoint of model, optimizer and step counters into `dir`,
-  // written atomically (see core/checkpoint/sharded_checkpoint.h).
-  void save_checkpoint(const std::string& dir);
-  // Loads a checkpoint saved on any number of ranks into the parallelized
-  // model and optimizer, and restores the epoch and step counters.
-  void load_checkpoint(const std::string& dir);
+  // Model, optimizer and step counters, written atomically in
+  // options().checkpoint_format (see core/checkpoint/*_checkpoint.h).
+  void save_checkpoint(const std::string& path);
+  // Loads a checkpoint of either format (a directory is sharded, a file
+  // full) saved on any number of ranks into the parallelized model and
+  // optimizer, and restores the epoch and step counters.
+  void load_checkpoint(const std::string& path);
   // Deletes a checkpoint this strategy wrote (rank 0, after a barrier);
   // refuses other paths.
-  void remove_checkpoint(const std::string& dir);
+  void remove_checkpoint(const std::string& path);
 
   void barrier();
   // `tensor` from `src` (a world rank) on every rank, in place.

@@ -1,0 +1,179 @@
+#include "core/checkpoint/full_checkpoint.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "core/checkpoint/internal/optimizer_state.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/fsdp/fully_shard.h"
+
+namespace fsdp2 {
+namespace checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kFormat = "fsdp2.full.v1";
+constexpr const char* kOptimPrefix = "optim/";
+
+// Every rank learns whether rank 0 reported an error, and throws it.
+void ShareRank0Error(const std::string& error, comm::World& world) {
+  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble);
+  world.group()->broadcast(failed, 0).wait();
+  if (failed.item<double>() != 0) {
+    throw std::runtime_error(world.rank() == 0 ? error
+                                               : "rank 0 rejected the checkpoint (see its error)");
+  }
+}
+
+}  // namespace
+
+void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
+                        torch::optim::Optimizer* optimizer, comm::World& world,
+                        const std::map<std::string, std::string>& progress) {
+  const std::string kind = internal::OptimizerKind(optimizer);
+  const auto shards = fsdp::shard_info(root, world.rank());
+  // Optimizer state is saved for a parameter only if every rank has it, so
+  // that every rank takes part in the same gathers.
+  std::vector<c10::optional<internal::ParamState>> states(shards.size());
+  at::Tensor missing = at::zeros({static_cast<int64_t>(shards.size()) + 1}, at::kDouble);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (optimizer) states[i] = internal::GetState(*optimizer, shards[i].shard);
+    missing[i] = states[i].has_value() ? 0.0 : 1.0;
+  }
+  world.group()->all_reduce(missing, comm::ReduceOp::kMax).wait();
+
+  std::vector<SafetensorsStreamWriter::Spec> specs;
+  std::map<std::string, std::string> meta = {{"fsdp2.checkpoint", kFormat},
+                                             {"optimizer", kind},
+                                             {"progress", nlohmann::json(progress).dump()}};
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto& s = shards[i];
+    specs.push_back({s.name, s.shard.scalar_type(), s.global_shape});
+    if (missing[i].item<double>() != 0) states[i].reset();
+    if (!states[i]) continue;
+    meta["step/" + s.name] = std::to_string(states[i]->step);
+    for (const auto& [key, t] : states[i]->tensors) {
+      specs.push_back({kOptimPrefix + key + "/" + s.name, t.scalar_type(), s.global_shape});
+    }
+  }
+  std::unique_ptr<SafetensorsStreamWriter> writer;
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      writer = std::make_unique<SafetensorsStreamWriter>(path, specs, meta);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  ShareRank0Error(error, world);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    at::Tensor full = fsdp::gather_rows(shards[i], shards[i].shard);
+    if (writer) writer->write(full);
+    if (!states[i]) continue;
+    for (const auto& item : states[i]->tensors) {
+      at::Tensor state = fsdp::gather_rows(shards[i], item.second);
+      if (writer) writer->write(state);
+    }
+  }
+  if (writer) writer->commit();
+  world.group()->barrier().wait();
+}
+
+std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
+                                                      torch::nn::Module& root,
+                                                      torch::optim::Optimizer* optimizer,
+                                                      comm::World& world) {
+  // Rank 0 checks the whole file first: format, names, shapes, checksums.
+  const auto shards = fsdp::shard_info(root, world.rank());
+  const std::string kind = internal::OptimizerKind(optimizer);
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      SafetensorsFile f(path);
+      auto format = f.metadata().find("fsdp2.checkpoint");
+      if (format == f.metadata().end() || format->second != kFormat) {
+        throw std::runtime_error(path + ": not an fsdp2 full checkpoint");
+      }
+      const std::string saved = f.metadata().at("optimizer");
+      if (optimizer != nullptr && saved != kind) {
+        throw std::runtime_error(path + ": holds " + saved + " optimizer state but the optimizer is " + kind);
+      }
+      for (const auto& s : shards) {
+        if (!f.contains(s.name)) throw std::runtime_error(path + ": has no parameter '" + s.name + "'");
+        if (f.info(s.name).shape != s.global_shape) {
+          throw std::runtime_error(path + ": parameter '" + s.name + "' has shape " +
+                                   c10::str(at::IntArrayRef(f.info(s.name).shape)) +
+                                   " but the model's is " + c10::str(at::IntArrayRef(s.global_shape)));
+        }
+      }
+      for (const auto& [name, info] : f.tensors()) {
+        const std::string param =
+            name.rfind(kOptimPrefix, 0) == 0 ? name.substr(name.find('/', 6) + 1) : name;
+        bool known = false;
+        for (const auto& s : shards) known = known || s.name == param;
+        if (!known) {
+          throw std::runtime_error(path + ": holds parameter '" + param +
+                                   "', which the model does not have");
+        }
+        f.load(name);  // verifies the checksum
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  ShareRank0Error(error, world);
+
+  SafetensorsFile f(path);
+  // This rank's rows of a tensor (a 0-d parameter is one row of one element).
+  auto rows = [&](const std::string& name, const fsdp::ShardInfo& s) {
+    at::Tensor local = s.global_shape.empty()
+                           ? f.load(name).reshape({1}).narrow(0, s.row_start, s.local_rows)
+                           : f.load_rows(name, s.row_start, s.local_rows);
+    return local.reshape(s.shard.sizes());
+  };
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  std::vector<std::pair<const fsdp::ShardInfo*, internal::ParamState>> states;
+  for (const auto& s : shards) {
+    copies.emplace_back(s.shard, rows(s.name, s));
+    auto step = f.metadata().find("step/" + s.name);
+    if (optimizer == nullptr || step == f.metadata().end()) continue;
+    internal::ParamState st;
+    st.step = std::stoll(step->second);
+    for (const auto& key : internal::StateKeys()) {
+      const std::string name = kOptimPrefix + key + "/" + s.name;
+      if (f.contains(name)) st.tensors[key] = rows(name, s);
+    }
+    states.emplace_back(&s, std::move(st));
+  }
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [target, value] : copies) target.copy_(value);
+  }
+  for (auto& [s, st] : states) internal::SetState(*optimizer, kind, s->shard, st);
+  world.group()->barrier().wait();
+  return nlohmann::json::parse(f.metadata().at("progress"))
+      .get<std::map<std::string, std::string>>();
+}
+
+void RemoveFullCheckpoint(const std::string& path, comm::World& world) {
+  world.group()->barrier().wait();
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      SafetensorsFile f(path);
+      auto format = f.metadata().find("fsdp2.checkpoint");
+      if (format == f.metadata().end() || format->second != kFormat) throw std::runtime_error("");
+      fs::remove(path);
+    } catch (const std::exception&) {
+      error = path + ": not an fsdp2 checkpoint; refusing to remove it";
+    }
+  }
+  ShareRank0Error(error, world);
+}
+
+}  // namespace checkpoint
+}  // namespace fsdp2

@@ -1,0 +1,44 @@
+// fsdp2/core/checkpoint/full_checkpoint.h
+//
+// Full checkpoints: one safetensors file, written by rank 0, holding every
+// parameter unsharded under its own name (a plain model state dict that any
+// safetensors reader loads) and the optimizer state as "optim/<key>/<name>",
+// with the optimizer kind, per-parameter steps and progress in metadata.
+// Tensors are gathered and streamed one at a time, so rank 0 never holds
+// more than one full tensor beyond its shards. The file appears atomically.
+// Loading works on any number of ranks; rank 0 verifies every checksum
+// first, then each rank reads only its rows.
+//
+// All functions are collective over the world.
+#ifndef FSDP2_CORE_CHECKPOINT_FULL_CHECKPOINT_H_
+#define FSDP2_CORE_CHECKPOINT_FULL_CHECKPOINT_H_
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <map>
+#include <string>
+
+#include "core/comm/world.h"
+
+namespace fsdp2 {
+namespace checkpoint {
+
+void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
+                        torch::optim::Optimizer* optimizer, comm::World& world,
+                        const std::map<std::string, std::string>& progress);
+
+// Throws std::runtime_error naming the file or parameter on any mismatch or
+// corruption; the model is then unchanged.
+std::map<std::string, std::string> LoadFullCheckpoint(
+    const std::string& path, torch::nn::Module& root,
+    torch::optim::Optimizer* optimizer, comm::World& world);
+
+// Rank 0 deletes `path` after a barrier if it is a full checkpoint; refuses
+// (std::runtime_error) anything else.
+void RemoveFullCheckpoint(const std::string& path, comm::World& world);
+
+}  // namespace checkpoint
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_CHECKPOINT_FULL_CHECKPOINT_H_

@@ -1,0 +1,92 @@
+#include "core/checkpoint/internal/optimizer_state.h"
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <stdexcept>
+
+namespace fsdp2 {
+namespace checkpoint {
+namespace internal {
+namespace {
+
+std::string StateKey(const at::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+template <typename S>
+ParamState FromAdam(const S& s) {
+  ParamState out;
+  out.step = s.step();
+  out.tensors["exp_avg"] = s.exp_avg();
+  out.tensors["exp_avg_sq"] = s.exp_avg_sq();
+  if (s.max_exp_avg_sq().defined()) out.tensors["max_exp_avg_sq"] = s.max_exp_avg_sq();
+  return out;
+}
+
+template <typename S>
+std::unique_ptr<S> ToAdam(const ParamState& st) {
+  auto s = std::make_unique<S>();
+  s->step(st.step);
+  s->exp_avg(st.tensors.at("exp_avg"));
+  s->exp_avg_sq(st.tensors.at("exp_avg_sq"));
+  auto m = st.tensors.find("max_exp_avg_sq");
+  if (m != st.tensors.end()) s->max_exp_avg_sq(m->second);
+  return s;
+}
+
+}  // namespace
+
+const std::vector<std::string>& StateKeys() {
+  static const std::vector<std::string> keys = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                                "momentum_buffer"};
+  return keys;
+}
+
+std::string OptimizerKind(torch::optim::Optimizer* o) {
+  if (o == nullptr) return "none";
+  if (dynamic_cast<torch::optim::AdamW*>(o)) return "adamw";
+  if (dynamic_cast<torch::optim::Adam*>(o)) return "adam";
+  if (dynamic_cast<torch::optim::SGD*>(o)) return "sgd";
+  throw std::invalid_argument(
+      "checkpoint: optimizer state is saved for AdamW, Adam and SGD only");
+}
+
+c10::optional<ParamState> GetState(torch::optim::Optimizer& o, const at::Tensor& p) {
+  auto it = o.state().find(StateKey(p));
+  if (it == o.state().end()) return c10::nullopt;
+  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) return FromAdam(*s);
+  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) return FromAdam(*s);
+  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+    ParamState out;
+    if (s->momentum_buffer().defined()) out.tensors["momentum_buffer"] = s->momentum_buffer();
+    return out;
+  }
+  return c10::nullopt;
+}
+
+void SetState(torch::optim::Optimizer& o, const std::string& kind, const at::Tensor& p,
+              const ParamState& st) {
+  std::unique_ptr<torch::optim::OptimizerParamState> s;
+  if (kind == "adamw") s = ToAdam<torch::optim::AdamWParamState>(st);
+  if (kind == "adam") s = ToAdam<torch::optim::AdamParamState>(st);
+  if (kind == "sgd") {
+    auto sgd = std::make_unique<torch::optim::SGDParamState>();
+    auto m = st.tensors.find("momentum_buffer");
+    if (m != st.tensors.end()) sgd->momentum_buffer(m->second);
+    s = std::move(sgd);
+  }
+  if (!s) throw std::invalid_argument("checkpoint: no optimizer state of kind " + kind);
+  o.state()[StateKey(p)] = std::move(s);
+}
+
+int64_t RowNumel(const std::vector<int64_t>& global_shape) {
+  int64_t n = 1;
+  for (size_t d = 1; d < global_shape.size(); ++d) n *= global_shape[d];
+  return n;
+}
+
+}  // namespace internal
+}  // namespace checkpoint
+}  // namespace fsdp2
