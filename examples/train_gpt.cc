@@ -71,6 +71,7 @@ struct Flags {
   int64_t ckpt_every = 0;
   std::string resume;    // continue from this checkpoint
   std::string checkpoint_format = "sharded";
+  int64_t ckpt_keep = 0;  // >0: save to ckpt-dir/step-N, keep the newest N
   int progress_bar = -1;
 };
 
@@ -84,7 +85,7 @@ const char* kUsage =
     "             [--clip X (0: off)] [--metrics-out FILE] [--threads N]\n"
     "             [--val-every N] [--out-dir DIR] [--progress-bar 0|1]\n"
     "             [--ckpt-dir PATH] [--ckpt-every N] [--resume PATH]\n"
-    "             [--checkpoint-format sharded|full]\n";
+    "             [--checkpoint-format sharded|full] [--ckpt-keep K]\n";
 
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "train: " << message << "\n";
@@ -160,6 +161,7 @@ Flags ParseFlags(int argc, char** argv) {
   num("ckpt-every", f.ckpt_every);
   str("resume", f.resume);
   str("checkpoint-format", f.checkpoint_format);
+  num("ckpt-keep", f.ckpt_keep);
   if (!given.empty()) Fail("unknown flag --" + given.begin()->first + " (see --help)");
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
@@ -186,7 +188,10 @@ Flags ParseFlags(int argc, char** argv) {
   if (f.checkpoint_format != "sharded" && f.checkpoint_format != "full") {
     Fail("--checkpoint-format must be sharded or full, got '" + f.checkpoint_format + "'");
   }
-  if (f.ckpt_every > 0 && f.ckpt_dir.empty()) Fail("--ckpt-every needs --ckpt-dir");
+  if ((f.ckpt_every > 0 || f.ckpt_keep > 0) && f.ckpt_dir.empty()) {
+    Fail("--ckpt-every and --ckpt-keep need --ckpt-dir");
+  }
+  if (f.ckpt_keep < 0) Fail("--ckpt-keep must be positive");
   if (f.strategy == "hybrid_shard" && (f.nproc < 2 || f.nproc % 2 != 0)) {
     Fail("--strategy hybrid_shard needs an even --nproc (a 2 x nproc/2 mesh)");
   }
@@ -361,14 +366,30 @@ int RunRank(const Flags& f) {
   if (!f.ckpt_dir.empty()) {
     // Every --ckpt-every steps (if set) and at the end.
     trainer_options.checkpoint_every_n_steps = f.ckpt_every > 0 ? f.ckpt_every : f.steps;
-    trainer_options.on_checkpoint = [&f, rank](strategy::FSDP2Strategy& s, int64_t step) {
+    // With --ckpt-keep K: one checkpoint per save, ckpt-dir/step-<N>, and
+    // only the newest K kept.
+    auto saved = std::make_shared<std::vector<std::string>>();
+    trainer_options.on_checkpoint = [&f, rank, saved](strategy::FSDP2Strategy& s, int64_t step) {
       const auto start = std::chrono::steady_clock::now();
-      s.save_checkpoint(f.ckpt_dir);
+      std::string path = f.ckpt_dir;
+      if (f.ckpt_keep > 0) {
+        if (rank == 0) fs::create_directories(f.ckpt_dir);
+        s.barrier();
+        path = (fs::path(f.ckpt_dir) / ("step-" + std::to_string(step))).string();
+        if (f.checkpoint_format == "full") path += ".safetensors";
+      }
+      s.save_checkpoint(path);
       if (rank == 0) {
         std::printf("checkpoint: step %lld saved to %s in %.0f ms\n", (long long)step,
-                    f.ckpt_dir.c_str(),
+                    path.c_str(),
                     std::chrono::duration<double, std::milli>(
                         std::chrono::steady_clock::now() - start).count());
+      }
+      if (f.ckpt_keep <= 0) return;
+      saved->push_back(path);
+      while (static_cast<int64_t>(saved->size()) > f.ckpt_keep) {
+        s.remove_checkpoint(saved->front());
+        saved->erase(saved->begin());
       }
     };
   }

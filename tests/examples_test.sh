@@ -47,6 +47,12 @@ if [[ "$lf" != "$l2" ]]; then
   echo "FAIL: full checkpoint resume differs:"; paste <(echo "$l2") <(echo "$lf"); fail=1
 fi
 
+# Rotation: a checkpoint every step, the newest 2 kept.
+out=$(run --nproc 2 --batch-size 4 "${common[@]}" --ckpt-dir "$tmp/rot" --ckpt-every 1 --ckpt-keep 2 --out-dir "$tmp/o7") || { echo "$out"; exit 1; }
+if [[ "$(ls "$tmp/rot" | tr '\n' ' ')" != "step-3 step-4 " ]]; then
+  echo "FAIL: --ckpt-keep 2 should leave step-3 and step-4, found: $(ls "$tmp/rot")"; fail=1
+fi
+
 expect_error() {  # expected-text args...
   local want="$1"; shift
   out=$(run "$@"); code=$?

@@ -8,6 +8,7 @@
 #include <torch/types.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
 #include <array>
@@ -17,6 +18,8 @@
 #include <sstream>
 
 #include "core/checkpoint/full_checkpoint.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/checkpoint/sharded_checkpoint.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
 #include "core/strategy/fsdp2_strategy.h"
@@ -434,6 +437,21 @@ FSDP2_SCENARIO(checkpoint_errors) {
   const std::string dir = WorkerOutDir() + "/ckpt";
   s.save_checkpoint(dir);
   s.save_checkpoint(dir);  // replacing a checkpoint works too
+  // Optimizer hyper-parameters come back with the checkpoint, and
+  // metadata.json says which rows each file holds.
+  auto lr = [&]() -> torch::optim::AdamWOptions& {
+    return static_cast<torch::optim::AdamWOptions&>(s.optimizer().param_groups()[0].options());
+  };
+  lr().lr(0.5);
+  s.load_checkpoint(dir);
+  if (lr().lr() != 1e-2) throw std::runtime_error("learning rate not restored");
+  {
+    nlohmann::json m;
+    std::ifstream(dir + "/metadata.json") >> m;
+    if (m["files"]["rank0-of-1.safetensors"]["ln_f.weight"] != nlohmann::json({0, 16})) {
+      throw std::runtime_error("metadata.json lacks the rows of each file: " + m["files"].dump());
+    }
+  }
   auto before = s.lightning_module_state_dict();
   auto expect = [&](const std::string& path, const std::string& text) {
     try {
@@ -489,6 +507,23 @@ FSDP2_SCENARIO(checkpoint_errors) {
     std::ofstream(extra + "/metadata.json") << m.dump();
   }
   expect(extra, "holds parameter 'head.weight', which the model does not have");
+  // An optimizer of another kind, or over other parameters, is refused
+  // before anything is loaded.
+  auto expect_refused = [&](torch::optim::Optimizer& other, const std::string& text) {
+    try {
+      checkpoint::LoadShardedCheckpoint(dir, *module->module(), &other, *s.world());
+    } catch (const std::runtime_error& e) {
+      if (std::string(e.what()).find(text) != std::string::npos) return;
+      throw std::runtime_error("error '" + std::string(e.what()) + "' lacks '" + text + "'");
+    }
+    throw std::runtime_error("loading into a mismatched optimizer should fail with '" + text + "'");
+  };
+  auto params = module->module()->parameters();
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1));
+  expect_refused(sgd, "holds adamw optimizer state but the optimizer is sgd");
+  torch::optim::AdamW partial(std::vector<at::Tensor>(params.begin(), params.begin() + 3));
+  expect_refused(partial, "which the optimizer does not hold");
+
   // remove_checkpoint refuses what it did not write and removes what it did.
   bool refused = false;
   try {
@@ -505,6 +540,12 @@ FSDP2_SCENARIO(checkpoint_errors) {
   const std::string file = WorkerOutDir() + "/full.safetensors";
   checkpoint::SaveFullCheckpoint(file, *module->module(), &s.optimizer(), *s.world(), {});
   s.load_checkpoint(file);
+  // Python, with the README's lines: the file holds the model's state.
+  const std::string state = WorkerOutDir() + "/state.safetensors";
+  checkpoint::WriteSafetensors(state, s.lightning_module_state_dict());
+  const std::string check = "/usr/bin/python3 core/checkpoint/load_safetensors.py " + file +
+                            " " + state;
+  if (std::system(check.c_str()) != 0) throw std::runtime_error("python check failed: " + check);
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-5, std::ios::end);

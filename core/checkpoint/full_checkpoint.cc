@@ -50,6 +50,7 @@ void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
   std::map<std::string, std::string> meta = {{"fsdp2.checkpoint", kFormat},
                                              {"optimizer", kind},
                                              {"progress", nlohmann::json(progress).dump()}};
+  if (optimizer != nullptr) meta["optimizer_groups"] = internal::GroupOptionsJson(*optimizer, kind);
   for (size_t i = 0; i < shards.size(); ++i) {
     const auto& s = shards[i];
     specs.push_back({s.name, s.shard.scalar_type(), s.global_shape});
@@ -148,6 +149,15 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
       if (f.contains(name)) st.tensors[key] = rows(name, s);
     }
     states.emplace_back(&s, std::move(st));
+  }
+  if (optimizer != nullptr) {
+    std::vector<std::pair<std::string, at::Tensor>> with_state;
+    for (const auto& item : states) with_state.emplace_back(item.first->name, item.first->shard);
+    internal::CheckOptimizerHolds(*optimizer, with_state, path);
+    auto groups = f.metadata().find("optimizer_groups");
+    if (groups != f.metadata().end()) {
+      internal::SetGroupOptions(*optimizer, kind, groups->second, path);
+    }
   }
   {
     at::NoGradGuard no_grad;

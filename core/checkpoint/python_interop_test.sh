@@ -5,20 +5,11 @@ set -euo pipefail
 fixture="$1"
 path="${TEST_TMPDIR:-/tmp}/interop.safetensors"
 "$fixture" "$path"
-/usr/bin/python3 - "$path" <<'PY'
-import json, struct, sys
+reader="$2"
+PYTHONPATH="$(dirname "$reader")" /usr/bin/python3 - "$path" <<'PY'
+import sys
 import numpy as np
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
-              "I64": np.int64, "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
-    return {name: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]],
-                                dtype=dtypes[e["dtype"]]).reshape(e["shape"])
-            for name, e in header.items() if name != "__metadata__"}, header["__metadata__"]
+from load_safetensors import load_safetensors
 
 state, meta = load_safetensors(sys.argv[1])
 assert sorted(state) == ["blocks.0.fc.weight", "ln_f.bias", "step"], sorted(state)

@@ -82,6 +82,21 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
     m["world_size"] = world.size();
     m["optimizer"] = kind;
     m["progress"] = progress;
+    if (optimizer != nullptr) {
+      m["optimizer_groups"] = nlohmann::json::parse(internal::GroupOptionsJson(*optimizer, kind));
+    }
+    // Which rows of which parameter each file holds.
+    for (int r = 0; r < world.size(); ++r) {
+      const std::string file = ShardFile(r, world.size());
+      SafetensorsFile f(tmp + "/" + file);
+      m["files"][file] = nlohmann::json::object();
+      for (const auto& [name, info] : f.tensors()) {
+        if (name.rfind("model/", 0) != 0) continue;
+        const std::string param = name.substr(6);
+        m["files"][file][param] = {std::stoll(f.metadata().at("row_start/" + param)),
+                                   info.shape.empty() ? 1 : info.shape[0]};
+      }
+    }
     for (const auto& s : shards) {
       m["params"][s.name] = {{"shape", s.global_shape},
                              {"dtype", c10::toString(s.shard.scalar_type())}};
@@ -208,6 +223,14 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
     if (!known) {
       throw std::runtime_error(dir + ": holds parameter '" + item.key() +
                                "', which the model does not have");
+    }
+  }
+  if (optimizer != nullptr) {
+    std::vector<std::pair<std::string, at::Tensor>> with_state;
+    for (const auto& item : states) with_state.emplace_back(item.first->name, item.first->shard);
+    internal::CheckOptimizerHolds(*optimizer, with_state, dir);
+    if (m.contains("optimizer_groups")) {
+      internal::SetGroupOptions(*optimizer, kind, m["optimizer_groups"].dump(), dir);
     }
   }
   {

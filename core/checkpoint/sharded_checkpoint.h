@@ -4,7 +4,9 @@
 // of every parameter and of its optimizer state, in parallel:
 //
 //   DIR/metadata.json              format, world size, global shapes and
-//                                  dtypes, optimizer kind, user progress
+//                                  dtypes, which rows each file holds,
+//                                  optimizer kind and hyper-parameters,
+//                                  user progress (epoch, step)
 //   DIR/rank<r>-of-<N>.safetensors "model/<name>" and "optim/<key>/<name>":
 //                                  this rank's rows; "row_start/<name>" and
 //                                  "step/<name>" in its metadata

@@ -4,6 +4,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
 
 namespace fsdp2 {
@@ -79,6 +81,80 @@ void SetState(torch::optim::Optimizer& o, const std::string& kind, const at::Ten
   }
   if (!s) throw std::invalid_argument("checkpoint: no optimizer state of kind " + kind);
   o.state()[StateKey(p)] = std::move(s);
+}
+
+void CheckOptimizerHolds(torch::optim::Optimizer& optimizer,
+                         const std::vector<std::pair<std::string, at::Tensor>>& params,
+                         const std::string& where) {
+  if (params.empty()) return;
+  std::set<c10::TensorImpl*> held;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) held.insert(p.unsafeGetTensorImpl());
+  }
+  for (const auto& [name, p] : params) {
+    if (!held.count(p.unsafeGetTensorImpl())) {
+      throw std::runtime_error(where + ": has optimizer state for '" + name +
+                               "', which the optimizer does not hold");
+    }
+  }
+  if (params.size() != held.size()) {
+    throw std::runtime_error(where + ": has optimizer state for " + std::to_string(params.size()) +
+                             " parameters but the optimizer holds " +
+                             std::to_string(held.size()));
+  }
+}
+
+std::string GroupOptionsJson(torch::optim::Optimizer& optimizer, const std::string& kind) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (auto& group : optimizer.param_groups()) {
+    nlohmann::json g;
+    if (kind == "adamw" || kind == "adam") {
+      auto adam = [&](auto& o) {
+        g = {{"lr", o.lr()}, {"beta1", std::get<0>(o.betas())}, {"beta2", std::get<1>(o.betas())},
+             {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad()}};
+      };
+      if (kind == "adamw") adam(static_cast<torch::optim::AdamWOptions&>(group.options()));
+      else adam(static_cast<torch::optim::AdamOptions&>(group.options()));
+    } else if (kind == "sgd") {
+      auto& o = static_cast<torch::optim::SGDOptions&>(group.options());
+      g = {{"lr", o.lr()}, {"momentum", o.momentum()}, {"dampening", o.dampening()},
+           {"weight_decay", o.weight_decay()}, {"nesterov", o.nesterov()}};
+    }
+    groups.push_back(g);
+  }
+  return groups.dump();
+}
+
+void SetGroupOptions(torch::optim::Optimizer& optimizer, const std::string& kind,
+                     const std::string& json, const std::string& where) {
+  const auto groups = nlohmann::json::parse(json);
+  if (groups.size() != optimizer.param_groups().size()) {
+    throw std::runtime_error(where + ": has " + std::to_string(groups.size()) +
+                             " optimizer parameter groups but the optimizer has " +
+                             std::to_string(optimizer.param_groups().size()));
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto& g = groups[i];
+    auto& options = optimizer.param_groups()[i].options();
+    if (kind == "adamw" || kind == "adam") {
+      auto adam = [&](auto& o) {
+        o.lr(g.at("lr").get<double>());
+        o.betas(std::make_tuple(g.at("beta1").get<double>(), g.at("beta2").get<double>()));
+        o.eps(g.at("eps").get<double>());
+        o.weight_decay(g.at("weight_decay").get<double>());
+        o.amsgrad(g.at("amsgrad").get<bool>());
+      };
+      if (kind == "adamw") adam(static_cast<torch::optim::AdamWOptions&>(options));
+      else adam(static_cast<torch::optim::AdamOptions&>(options));
+    } else if (kind == "sgd") {
+      auto& o = static_cast<torch::optim::SGDOptions&>(options);
+      o.lr(g.at("lr").get<double>());
+      o.momentum(g.at("momentum").get<double>());
+      o.dampening(g.at("dampening").get<double>());
+      o.weight_decay(g.at("weight_decay").get<double>());
+      o.nesterov(g.at("nesterov").get<bool>());
+    }
+  }
 }
 
 int64_t RowNumel(const std::vector<int64_t>& global_shape) {

@@ -35,6 +35,20 @@ c10::optional<ParamState> GetState(torch::optim::Optimizer& optimizer,
 void SetState(torch::optim::Optimizer& optimizer, const std::string& kind,
               const at::Tensor& param, const ParamState& state);
 
+// Before restoring optimizer state for `params`: throws std::runtime_error
+// (prefixed by `where`) unless the optimizer holds exactly these parameters.
+// No state at all (a checkpoint saved before the first step) is accepted.
+void CheckOptimizerHolds(torch::optim::Optimizer& optimizer,
+                         const std::vector<std::pair<std::string, at::Tensor>>& params,
+                         const std::string& where);
+
+// The optimizer's per-group hyper-parameters (lr, betas, eps, weight decay,
+// ... as its kind has them) as a JSON array, and their restoration. Throws
+// std::runtime_error (prefixed by `where`) if the group counts differ.
+std::string GroupOptionsJson(torch::optim::Optimizer& optimizer, const std::string& kind);
+void SetGroupOptions(torch::optim::Optimizer& optimizer, const std::string& kind,
+                     const std::string& json, const std::string& where);
+
 // Elements per dim-0 row of a parameter of this global shape (1 for 0-d).
 int64_t RowNumel(const std::vector<int64_t>& global_shape);
 

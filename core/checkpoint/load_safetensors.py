@@ -1,0 +1,34 @@
+"""Reads a safetensors file (an fsdp2 checkpoint) with json, struct and numpy.
+
+These are the lines the README shows; //core/checkpoint:python_interop_test
+and //tests:strategy_test run them.
+"""
+import json
+import struct
+
+import numpy as np
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+              "I64": np.int64, "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
+    return {name: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]],
+                                dtype=dtypes[e["dtype"]]).reshape(e["shape"])
+            for name, e in header.items() if name != "__metadata__"}, header["__metadata__"]
+
+
+if __name__ == "__main__":
+    # load_safetensors.py FULL_CHECKPOINT STATE: the checkpoint's model
+    # entries (all but optim/...) must be exactly STATE's keys and values.
+    import sys
+    full, _ = load_safetensors(sys.argv[1])
+    state, _ = load_safetensors(sys.argv[2])
+    model = {k: v for k, v in full.items() if not k.startswith("optim/")}
+    assert sorted(model) == sorted(state), (sorted(model), sorted(state))
+    for k in state:
+        assert np.array_equal(model[k], state[k]), k
+    print("python: the full checkpoint holds the model state, %d tensors equal" % len(state))
