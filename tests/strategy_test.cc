@@ -617,6 +617,33 @@ TEST(FSDP2Strategy, KilledDuringSaveLeavesALoadableCheckpoint) {
   }
 }
 
+TEST(FSDP2Strategy, CorruptionIsFoundOnAnotherWorldSizeToo) {
+  // Saved on 2 ranks, one byte of rank 1's file flipped, loaded on 3.
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/corrupt2";
+  LaunchOptions o;
+  o.scenario = "checkpoint_resume";
+  o.timeout = std::chrono::seconds(120);
+  o.world_size = 2;
+  o.args = {"save", dir, "1", "sharded"};
+  ASSERT_TRUE(LaunchRanks(o).ok());
+  {
+    std::fstream f(dir + "/rank1-of-2.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-7, std::ios::end);
+    const char byte = static_cast<char>(f.get());
+    f.seekp(-7, std::ios::end);
+    f.put(static_cast<char>(~byte));  // certainly a different byte
+  }
+  o.world_size = 3;
+  o.args = {"load", dir, "1", "2"};
+  auto r = LaunchRanks(o);
+  ASSERT_FALSE(r.ok());
+  bool named = false;
+  for (const auto& rank : r.ranks) {
+    named = named || rank.log.find("checksum mismatch") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << r.Describe();
+}
+
 TEST(FSDP2Strategy, BrokenCheckpointsAreClearErrors) {
   LaunchOptions o;
   o.world_size = 1;

@@ -165,6 +165,24 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
       if (step != f.metadata().end()) steps[p] = std::stoll(step->second);
     }
   }
+  // Every tensor's checksum is verified once, whatever the loading world
+  // size: rank r checks the files r, r + M, ... whole. All ranks learn of a
+  // failure before anything is written.
+  std::string corrupt;
+  for (size_t i = world.rank(); i < files.size() && corrupt.empty(); i += world.size()) {
+    try {
+      for (const auto& item : files[i]->tensors()) files[i]->load(item.first);
+    } catch (const std::exception& e) {
+      corrupt = e.what();
+    }
+  }
+  at::Tensor failed = at::full({1}, corrupt.empty() ? 0.0 : 1.0, at::kDouble);
+  world.group()->all_reduce(failed, comm::ReduceOp::kMax).wait();
+  if (failed.item<double>() != 0) {
+    throw std::runtime_error(corrupt.empty() ? dir + ": a shard file is corrupted (another rank "
+                                                     "found a checksum mismatch)"
+                                             : corrupt);
+  }
   // Everything is read and checked before anything is written.
   auto assemble = [&](const std::string& key, const fsdp::ShardInfo& s) -> at::Tensor {
     const int64_t row_start = s.row_start, rows = s.local_rows;
@@ -175,10 +193,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
       const int64_t lo = std::max(row_start, piece.row_start);
       const int64_t hi = std::min(row_start + rows, piece.row_start + piece.rows);
       if (lo >= hi) continue;
-      // A whole piece is read with its checksum checked; part of one cannot be.
-      at::Tensor part = (lo == piece.row_start && hi == piece.row_start + piece.rows)
-                            ? piece.file->load(key)
-                            : piece.file->load_rows(key, lo - piece.row_start, hi - lo);
+      at::Tensor part = piece.file->load_rows(key, lo - piece.row_start, hi - lo);
       if (part.numel() != (hi - lo) * width) {
         throw std::runtime_error(piece.file->path() + ": '" + key + "' has rows of " +
                                  std::to_string(part.numel() / std::max<int64_t>(1, hi - lo)) +

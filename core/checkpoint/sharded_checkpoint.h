@@ -13,8 +13,8 @@
 //
 // Replicas (NO_SHARD, HYBRID_SHARD's other groups) do not write duplicates.
 // Loading works on any number of ranks: each rank reads only the byte ranges
-// of the rows it holds under its own sharding. Pieces read whole (always, on
-// the saving world size) are checked against their CRC-32. Keys are parameter names, so
+// of the rows it holds under its own sharding; every tensor's CRC-32 is
+// checked once, the files spread over the loading ranks. Keys are parameter names, so
 // a checkpoint that does not match the model fails loudly, naming the
 // parameter. Saving is atomic: everything is written to DIR.tmp, which
 // replaces DIR only once complete; a process killed at any point leaves the

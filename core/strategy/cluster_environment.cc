@@ -104,6 +104,7 @@ ClusterEnvironment ClusterEnvironment::Detect(const Getenv& getenv) {
     }
   }
   c.master_addr = env.str("MASTER_ADDR", c.master_addr);
+  c.store_path = env.str("FSDP2_STORE_PATH");
   c.master_port = env.integer("MASTER_PORT", c.master_port);
   if (c.world_size < 1 || c.rank >= c.world_size) {
     std::ostringstream msg;
@@ -126,6 +127,7 @@ comm::RendezvousOptions ClusterEnvironment::ToRendezvous(
   o.world_size = world_size;
   o.master_addr = master_addr;
   o.master_port = master_port;
+  o.store_path = store_path;
   o.timeout = timeout;
   o.backend = backend;
   return o;

@@ -12,6 +12,8 @@
 //   none of those: a single local process.
 //
 // MASTER_ADDR and MASTER_PORT, when set, win over what is derived.
+// FSDP2_STORE_PATH, when set, makes ranks meet through a FileStore at that
+// shared path instead of TCP (no port needed; used by the test harness).
 #ifndef FSDP2_CORE_STRATEGY_CLUSTER_ENVIRONMENT_H_
 #define FSDP2_CORE_STRATEGY_CLUSTER_ENVIRONMENT_H_
 
@@ -35,6 +37,7 @@ struct ClusterEnvironment {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  std::string store_path;  // FSDP2_STORE_PATH
 
   using Getenv = std::function<const char*(const char*)>;
   // Reads the environment (`getenv` is replaceable for tests). Throws

@@ -35,6 +35,7 @@ TEST(ClusterEnvironment, Torchrun) {
   EXPECT_EQ(c.master_addr, "10.0.0.7");
   EXPECT_EQ(c.master_port, 29400);
   auto r = c.ToRendezvous(std::chrono::seconds(7), "gloo");
+  EXPECT_TRUE(r.store_path.empty());
   EXPECT_EQ(r.rank, 5);
   EXPECT_EQ(r.world_size, 8);
   EXPECT_EQ(r.master_addr, "10.0.0.7");
@@ -99,6 +100,11 @@ TEST(ClusterEnvironment, BadValuesNameTheVariable) {
   EXPECT_THROW(DetectFrom({{"RANK", "0"}, {"WORLD_SIZE", "1"},
                            {"MASTER_PORT", "70000"}}),
                std::invalid_argument);
+}
+
+TEST(ClusterEnvironment, StorePathSelectsAFileStore) {
+  auto c = DetectFrom({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"FSDP2_STORE_PATH", "/tmp/x"}});
+  EXPECT_EQ(c.ToRendezvous(std::chrono::seconds(1), "gloo").store_path, "/tmp/x");
 }
 
 TEST(ClusterEnvironment, FirstSlurmHost) {
