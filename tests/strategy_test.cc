@@ -499,6 +499,14 @@ FSDP2_SCENARIO(checkpoint_errors) {
     std::ofstream(reshaped + "/metadata.json") << m.dump();
   }
   expect(reshaped, "parameter 'ln_f.weight' has shape [17]");
+  auto retyped = copy("retyped");
+  {
+    nlohmann::json m;
+    std::ifstream(retyped + "/metadata.json") >> m;
+    m["params"]["ln_f.weight"]["dtype"] = "Float";
+    std::ofstream(retyped + "/metadata.json") << m.dump();
+  }
+  expect(retyped, "parameter 'ln_f.weight' is Float but the model's is Double");
   auto extra = copy("extra");
   {
     nlohmann::json m;
@@ -552,6 +560,13 @@ FSDP2_SCENARIO(checkpoint_errors) {
     f.put('\x55');
   }
   expect(file, "checksum mismatch");
+  {
+    checkpoint::NamedTensors as_float;
+    for (auto& kv : s.lightning_module_state_dict()) as_float.emplace_back(kv.first, kv.second.to(at::kFloat));
+    checkpoint::WriteSafetensors(file, as_float, {{"fsdp2.checkpoint", "fsdp2.full.v1"},
+                                                  {"optimizer", "adamw"}, {"progress", "{}"}});
+  }
+  expect(file, "is Float but the model's is Double");
   s.remove_checkpoint(file);
   if (fs::exists(file)) throw std::runtime_error("full checkpoint not removed");
 }

@@ -105,6 +105,11 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
       }
       for (const auto& s : shards) {
         if (!f.contains(s.name)) throw std::runtime_error(path + ": has no parameter '" + s.name + "'");
+        if (f.info(s.name).dtype != s.shard.scalar_type()) {
+          throw std::runtime_error(path + ": parameter '" + s.name + "' is " +
+                                   c10::toString(f.info(s.name).dtype) + " but the model's is " +
+                                   c10::toString(s.shard.scalar_type()));
+        }
         if (f.info(s.name).shape != s.global_shape) {
           throw std::runtime_error(path + ": parameter '" + s.name + "' has shape " +
                                    c10::str(at::IntArrayRef(f.info(s.name).shape)) +

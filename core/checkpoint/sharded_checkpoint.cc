@@ -220,6 +220,11 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
                                c10::str(at::IntArrayRef(shape)) + " but the model's is " +
                                c10::str(at::IntArrayRef(s.global_shape)));
     }
+    const std::string dtype = m["params"][s.name].value("dtype", "");
+    if (dtype != c10::toString(s.shard.scalar_type())) {
+      throw std::runtime_error(dir + ": parameter '" + s.name + "' is " + dtype +
+                               " but the model's is " + c10::toString(s.shard.scalar_type()));
+    }
     copies.emplace_back(s.shard, assemble("model/" + s.name, s));
     if (optimizer == nullptr || !steps.count(s.name)) continue;
     ParamState st;
