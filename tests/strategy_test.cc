@@ -142,16 +142,30 @@ std::vector<double> ReadNumbers(const std::string& path) {
   return v;
 }
 
+// Joins the job, connects a fresh GPTModule (seeded alike on every rank)
+// and parallelizes it.
+std::shared_ptr<GPTModule> Prepare(strategy::FSDP2Strategy& s) {
+  s.setup_environment();
+  auto module = std::make_shared<GPTModule>();
+  s.connect(module);
+  s.parallelize();
+  return module;
+}
+
+// One optimizer step on global batch 0, so the optimizer has state.
+void TrainOneStep(strategy::FSDP2Strategy& s) {
+  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+  s.backward(s.training_step(loader.batch(0), 0));
+  s.optimizer_step();
+}
+
 // args: first_step end_step [state_in_dir] [state_out_dir]
 FSDP2_SCENARIO(strategy_train) {
   const int first = std::stoi(args.at(0)), end = std::stoi(args.at(1));
   const std::string state_in = args.size() > 2 ? args[2] : "-";
   const std::string state_out = args.size() > 3 ? args[3] : "-";
   strategy::FSDP2Strategy s(Options());
-  s.setup_environment();
-  auto module = std::make_shared<GPTModule>();
-  s.connect(module);
-  s.parallelize();
+  auto module = Prepare(s);
   s.parallelize();  // warns, does nothing
   const int rank = s.world()->rank();
   if (state_in != "-") {
@@ -266,10 +280,7 @@ TEST(FSDP2Strategy, ResumeWithDeferredOptimizerStateContinuesTheSameRun) {
 // every 2 steps; rank 0's metrics go to the out dir.
 FSDP2_SCENARIO(trainer_fit) {
   strategy::FSDP2Strategy s(Options());
-  s.setup_environment();
-  auto module = std::make_shared<GPTModule>();
-  s.connect(module);
-  s.parallelize();
+  auto module = Prepare(s);
   auto train = s.process_dataloader(Dataset(kRows), kGlobalBatch);
   auto val = s.process_dataloader(Dataset(kRows), kGlobalBatch);
   strategy::TrainerOptions o;
@@ -363,10 +374,7 @@ FSDP2_SCENARIO(checkpoint_resume) {
   auto options = Options();
   if (args.at(0) == "save") options.checkpoint_format = args.at(3);
   strategy::FSDP2Strategy s(options);
-  s.setup_environment();
-  auto module = std::make_shared<GPTModule>();
-  s.connect(module);
-  s.parallelize();
+  auto module = Prepare(s);
   const bool save = args.at(0) == "save";
   const std::string dir = args.at(1);
   int first = 0, end = std::stoi(args.at(2));
@@ -427,13 +435,8 @@ TEST(FSDP2Strategy, CheckpointsResumeOnAnyNumberOfRanks) {
 FSDP2_SCENARIO(checkpoint_errors) {
   namespace fs = std::filesystem;
   strategy::FSDP2Strategy s(Options());
-  s.setup_environment();
-  auto module = std::make_shared<GPTModule>();
-  s.connect(module);
-  s.parallelize();
-  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
-  s.backward(s.training_step(loader.batch(0), 0));
-  s.optimizer_step();
+  auto module = Prepare(s);
+  TrainOneStep(s);
   const std::string dir = WorkerOutDir() + "/ckpt";
   s.save_checkpoint(dir);
   s.save_checkpoint(dir);  // replacing a checkpoint works too
@@ -574,13 +577,8 @@ FSDP2_SCENARIO(checkpoint_errors) {
 // Saves the same state to DIR over and over until killed.
 FSDP2_SCENARIO(save_forever) {
   strategy::FSDP2Strategy s(Options());
-  s.setup_environment();
-  auto module = std::make_shared<GPTModule>();
-  s.connect(module);
-  s.parallelize();
-  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
-  s.backward(s.training_step(loader.batch(0), 0));
-  s.optimizer_step();
+  auto module = Prepare(s);
+  TrainOneStep(s);
   s.save_checkpoint(args.at(0));
   std::ofstream(WorkerOutDir() + "/saved_once").put('1');
   for (;;) s.save_checkpoint(args.at(0));
@@ -589,10 +587,7 @@ FSDP2_SCENARIO(save_forever) {
 // Loads DIR and writes the full parameters, for comparison.
 FSDP2_SCENARIO(load_and_dump) {
   strategy::FSDP2Strategy s(Options());
-  s.setup_environment();
-  auto module = std::make_shared<GPTModule>();
-  s.connect(module);
-  s.parallelize();
+  auto module = Prepare(s);
   s.load_checkpoint(args.at(0));
   std::vector<at::Tensor> values;
   for (auto& kv : s.lightning_module_state_dict()) values.push_back(kv.second);

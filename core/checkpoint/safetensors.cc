@@ -46,6 +46,39 @@ std::string Hex(uint32_t v) {
   return buf;
 }
 
+// Writes all of `bytes` to `fd` or fails naming `path`.
+void WriteAll(int fd, const char* bytes, size_t size, const std::string& path) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = write(fd, bytes + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) Fail(path, std::string("write failed: ") + std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Syncs and closes `fd` (the written file `tmp`), renames `tmp` to `path`
+// and syncs the directory, so `path` is either the old file or all of the
+// new one. Removes `tmp` on failure.
+void PublishFile(int fd, const std::string& tmp, const std::string& path) {
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    unlink(tmp.c_str());
+    Fail(tmp, std::string("fsync failed: ") + std::strerror(errno));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    unlink(tmp.c_str());
+    Fail(path, "rename failed: " + why);
+  }
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+}
+
 }  // namespace
 
 uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
@@ -73,34 +106,14 @@ void WriteFileAtomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) Fail(tmp, std::string("cannot create: ") + std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      close(fd);
-      unlink(tmp.c_str());
-      Fail(tmp, "write failed: " + why);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0 || close(fd) != 0) {
+  try {
+    WriteAll(fd, bytes.data(), bytes.size(), tmp);
+  } catch (...) {
+    close(fd);
     unlink(tmp.c_str());
-    Fail(tmp, std::string("fsync failed: ") + std::strerror(errno));
+    throw;
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    unlink(tmp.c_str());
-    Fail(path, "rename failed: " + why);
-  }
-  const auto slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
-  }
+  PublishFile(fd, tmp, path);
 }
 
 void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
@@ -113,21 +126,6 @@ void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
   for (const auto& item : tensors) writer.write(item.second);
   writer.commit();
 }
-
-namespace {
-
-// Writes all of `bytes` to `fd` or fails naming `path`.
-void WriteAll(int fd, const char* bytes, size_t size, const std::string& path) {
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = write(fd, bytes + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) Fail(path, std::string("write failed: ") + std::strerror(errno));
-    done += static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
 
 SafetensorsStreamWriter::SafetensorsStreamWriter(
     std::string path, std::vector<Spec> specs, std::map<std::string, std::string> metadata)
@@ -203,24 +201,9 @@ void SafetensorsStreamWriter::commit() {
   if (h.size() != header_bytes_ || pwrite(fd_, h.data(), h.size(), 0) != static_cast<ssize_t>(h.size())) {
     Fail(tmp_, "could not rewrite the header");
   }
-  if (fsync(fd_) != 0 || close(fd_) != 0) {
-    fd_ = -1;
-    unlink(tmp_.c_str());
-    Fail(tmp_, std::string("fsync failed: ") + std::strerror(errno));
-  }
-  fd_ = -1;
-  if (rename(tmp_.c_str(), path_.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    unlink(tmp_.c_str());
-    Fail(path_, "rename failed: " + why);
-  }
-  const auto slash = path_.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
-  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
-  }
+  const int fd = fd_;
+  fd_ = -1;  // PublishFile closes it
+  PublishFile(fd, tmp_, path_);
 }
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
