@@ -577,7 +577,7 @@ FSDP2_SCENARIO(checkpoint_errors) {
 // Saves the same state to DIR over and over until killed.
 FSDP2_SCENARIO(save_forever) {
   strategy::FSDP2Strategy s(Options());
-  auto module = Prepare(s);
+  Prepare(s);
   TrainOneStep(s);
   s.save_checkpoint(args.at(0));
   std::ofstream(WorkerOutDir() + "/saved_once").put('1');
@@ -587,7 +587,7 @@ FSDP2_SCENARIO(save_forever) {
 // Loads DIR and writes the full parameters, for comparison.
 FSDP2_SCENARIO(load_and_dump) {
   strategy::FSDP2Strategy s(Options());
-  auto module = Prepare(s);
+  Prepare(s);
   s.load_checkpoint(args.at(0));
   std::vector<at::Tensor> values;
   for (auto& kv : s.lightning_module_state_dict()) values.push_back(kv.second);
