@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "core/checkpoint/internal/optimizer_state.h"
+#include "core/checkpoint/internal/rank0_error.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/fsdp/fully_shard.h"
 
@@ -18,16 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 constexpr const char* kFormat = "fsdp2.full.v1";
 constexpr const char* kOptimPrefix = "optim/";
-
-// Every rank learns whether rank 0 reported an error, and throws it.
-void ShareRank0Error(const std::string& error, comm::World& world) {
-  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble);
-  world.group()->broadcast(failed, 0).wait();
-  if (failed.item<double>() != 0) {
-    throw std::runtime_error(world.rank() == 0 ? error
-                                               : "rank 0 rejected the checkpoint (see its error)");
-  }
-}
 
 }  // namespace
 
@@ -70,7 +61,7 @@ void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
       error = e.what();
     }
   }
-  ShareRank0Error(error, world);
+  internal::ShareRank0Error(error, world);
   for (size_t i = 0; i < shards.size(); ++i) {
     at::Tensor full = fsdp::gather_rows(shards[i], shards[i].shard);
     if (writer) writer->write(full);
@@ -131,7 +122,7 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
       error = e.what();
     }
   }
-  ShareRank0Error(error, world);
+  internal::ShareRank0Error(error, world);
 
   SafetensorsFile f(path);
   // This rank's rows of a tensor (a 0-d parameter is one row of one element).
@@ -187,7 +178,7 @@ void RemoveFullCheckpoint(const std::string& path, comm::World& world) {
       error = path + ": not an fsdp2 checkpoint; refusing to remove it";
     }
   }
-  ShareRank0Error(error, world);
+  internal::ShareRank0Error(error, world);
 }
 
 }  // namespace checkpoint

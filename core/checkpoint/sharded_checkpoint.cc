@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "core/checkpoint/internal/optimizer_state.h"
+#include "core/checkpoint/internal/rank0_error.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/fsdp/fully_shard.h"
 
@@ -286,13 +287,8 @@ void RemoveCheckpoint(const std::string& dir, comm::World& world) {
       fs::remove(dir, ec);  // only if nothing else is left in it
     }
   }
-  // Every rank learns whether rank 0 refused.
-  at::Tensor refused = at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble);
-  world.group()->broadcast(refused, 0).wait();
-  if (refused.item<double>() != 0) {
-    throw std::runtime_error(error.empty() ? dir + ": not an fsdp2 checkpoint; refusing to remove it"
-                                           : error);
-  }
+  internal::ShareRank0Error(error, world,
+                            dir + ": not an fsdp2 checkpoint; refusing to remove it");
 }
 
 }  // namespace checkpoint

@@ -248,14 +248,17 @@ int64_t FSDPUnit::unsharded_grad_bytes() const {
   return n;
 }
 
-std::vector<FSDPUnit*> FSDPUnit::units_in_tree() const {
+std::vector<FSDPUnit*> UnitsUnder(torch::nn::Module& root) {
   std::vector<FSDPUnit*> units;
-  auto alive = module_alive_.lock();
-  if (!alive) return units;
-  for (const auto& m : alive->modules(/*include_self=*/true)) {
+  for (const auto& m : root.modules(/*include_self=*/true)) {
     if (auto unit = unit_of(*m)) units.push_back(unit.get());
   }
   return units;
+}
+
+std::vector<FSDPUnit*> FSDPUnit::units_in_tree() const {
+  auto alive = module_alive_.lock();
+  return alive ? UnitsUnder(*alive) : std::vector<FSDPUnit*>{};
 }
 
 // ---------------------------------------------------------------- unsharding

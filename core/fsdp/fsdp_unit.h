@@ -145,6 +145,9 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   int order_index_ = -1;  // position in the root's last forward order
 };
 
+// Every unit in `root`'s module tree (root included), in module order.
+std::vector<FSDPUnit*> UnitsUnder(torch::nn::Module& root);
+
 }  // namespace fsdp
 }  // namespace fsdp2
 

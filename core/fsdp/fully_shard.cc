@@ -59,14 +59,6 @@ void CollectParams(torch::nn::Module& module, const std::string& prefix,
   }
 }
 
-std::vector<FSDPUnit*> UnitsUnder(torch::nn::Module& root) {
-  std::vector<FSDPUnit*> units;
-  for (const auto& m : root.modules(/*include_self=*/true)) {
-    if (auto unit = unit_of(*m)) units.push_back(unit.get());
-  }
-  return units;
-}
-
 }  // namespace
 
 const char* ToString(ShardingStrategy s) {
