@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <sstream>
 #include <stdexcept>
 
@@ -69,6 +70,14 @@ struct PreBackwardFunction
     return grads;
   }
 };
+
+// Seconds since `start`, added to `total`.
+void AddSecondsSince(std::chrono::steady_clock::time_point start,
+                     double& total) {
+  total += std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                         start)
+               .count();
+}
 
 std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
   return shape.empty() ? std::vector<int64_t>{}
@@ -278,12 +287,15 @@ void FSDPUnit::unshard_async() {
   state_ = State::kUnshardPending;
 
   // Copy-in: this rank's shards, cast to param_dtype, zero padding.
+  const auto copy_start = std::chrono::steady_clock::now();
   at::Tensor gather_input = at::empty({flat_numel_}, compute_options_);
   if (has_padding_) gather_input.zero_();
   for (const auto& p : params_) {
     gather_input.narrow(0, p.flat_offset, p.local_numel())
         .copy_(p.shard.detach().reshape({-1}));
   }
+  AddSecondsSince(copy_start, wait_stats_.copy_in_s);
+  ++wait_stats_.all_gathers;
   if (!shard_group_) {
     unsharded_.copy_(gather_input);
     unshard_done_ = comm::CommHandle();
@@ -314,7 +326,9 @@ void FSDPUnit::wait_unshard() {
   if (state_ != State::kUnshardPending) return;
   comm::CommHandle done = unshard_done_;
   unshard_done_ = comm::CommHandle();
+  const auto wait_start = std::chrono::steady_clock::now();
   done.wait();
+  AddSecondsSince(wait_start, wait_stats_.all_gather_wait_s);
   const int64_t world = shard_world_;
   for (auto& p : params_) {
     p.compute.set_data(
@@ -331,7 +345,9 @@ void FSDPUnit::reshard() {
   if (state_ == State::kUnshardPending) {
     comm::CommHandle done = unshard_done_;
     unshard_done_ = comm::CommHandle();
+    const auto wait_start = std::chrono::steady_clock::now();
     done.wait();  // never free memory a copy is still writing
+    AddSecondsSince(wait_start, wait_stats_.all_gather_wait_s);
   }
   for (auto& p : params_) p.compute.set_data(at::empty({0}, compute_options_));
   AddUnshardedBytes(-buffer_bytes());
@@ -495,6 +511,7 @@ void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
   if (!any) return;  // nothing reached this unit: no communication
 
   // Copy-in: rank-major [world, flat] in reduce_dtype, zero padding.
+  const auto copy_start = std::chrono::steady_clock::now();
   const int64_t world = shard_world_, flat = flat_numel_;
   auto reduce_options = compute_options_.dtype(reduce_dtype_);
   at::Tensor reduce_input = at::empty({world * flat}, reduce_options);
@@ -520,6 +537,9 @@ void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
           g.narrow(0, full_chunks * numel, rest));
     }
   }
+
+  AddSecondsSince(copy_start, wait_stats_.copy_in_s);
+  ++wait_stats_.reductions;
 
   const double dp = static_cast<double>(data_parallel_size_);
   auto replicate = replicate_group_;
@@ -558,7 +578,9 @@ void FSDPUnit::finish_reduction() {
   comm::CommHandle done = reduce_done_;
   reduce_done_ = comm::CommHandle();
   at::Tensor reduced = std::move(reduced_grads_);
+  const auto wait_start = std::chrono::steady_clock::now();
   done.wait();
+  AddSecondsSince(wait_start, wait_stats_.reduce_wait_s);
   for (auto& p : params_) {
     if (!p.requires_grad) continue;
     at::Tensor g = reduced.narrow(0, p.flat_offset, p.local_numel())

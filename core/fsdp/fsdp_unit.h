@@ -34,6 +34,18 @@
 namespace fsdp2 {
 namespace fsdp {
 
+// Time the training thread spent on one unit's communication since the last
+// reset: blocked waiting for collectives that compute did not hide, and
+// copying into the flat buffers. For benchmarks; costs two clock reads per
+// wait.
+struct CommWaitStats {
+  double all_gather_wait_s = 0;  // unshard: all-gather and copy-out
+  double reduce_wait_s = 0;      // gradient reduce-scatter / all-reduce
+  double copy_in_s = 0;          // copy-in to the all-gather/reduce buffers
+  int64_t all_gathers = 0;
+  int64_t reductions = 0;
+};
+
 // One parameter owned by a unit.
 struct FSDPParam {
   std::string name;  // relative to the unit's module, e.g. "attn.qkv.weight"
@@ -87,6 +99,8 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   int64_t unsharded_bytes() const;  // 0 unless unsharded now
   int64_t buffer_bytes() const;     // size of the unsharded buffer
   int64_t unsharded_grad_bytes() const;
+  const CommWaitStats& comm_wait_stats() const { return wait_stats_; }
+  void reset_comm_wait_stats() { wait_stats_ = CommWaitStats(); }
 
  private:
   enum class State { kSharded, kUnshardPending, kUnsharded };
@@ -143,6 +157,8 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   std::vector<FSDPUnit*> last_forward_order_;  // root only: previous pass
   bool finalize_queued_ = false;
   int order_index_ = -1;  // position in the root's last forward order
+
+  CommWaitStats wait_stats_;
 };
 
 // Every unit in `root`'s module tree (root included), in module order.

@@ -1,0 +1,176 @@
+#include "bench/bench_util.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "core/launch/local_launcher.h"
+
+namespace fsdp2 {
+namespace bench {
+
+Results RunConfiguration(const std::string& self, int nproc, int threads,
+                         const std::vector<std::string>& args) {
+  char path[] = "/tmp/fsdp2-bench-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) throw std::runtime_error("cannot create a results file in /tmp");
+  close(fd);
+  launch::LocalLaunchOptions options;
+  options.nproc = nproc;
+  options.threads_per_rank = threads;
+  options.argv.push_back(self);
+  options.argv.insert(options.argv.end(), args.begin(), args.end());
+  options.env["FSDP2_BENCH_OUT"] = path;
+  const int rc = launch::LaunchLocal(options);
+  Results results;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto space = line.find(' ');
+    if (space == std::string::npos) continue;
+    results.emplace(line.substr(0, space), line.substr(space + 1));
+  }
+  std::remove(path);
+  if (rc != 0) {
+    std::ostringstream what;
+    what << "configuration failed (exit " << rc << "): " << nproc << " ranks:";
+    for (const auto& a : args) what << " " << a;
+    throw std::runtime_error(what.str());
+  }
+  return results;
+}
+
+void WriteResult(const std::string& key, const std::string& value) {
+  const char* path = std::getenv("FSDP2_BENCH_OUT");
+  if (path == nullptr) return;
+  std::ofstream out(path, std::ios::app);
+  out << key << " " << value << "\n";
+}
+
+void WriteResult(const std::string& key, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", value);
+  WriteResult(key, std::string(buf));
+}
+
+std::vector<double> Values(const Results& r, const std::string& key) {
+  std::vector<double> out;
+  auto range = r.equal_range(key);
+  for (auto it = range.first; it != range.second; ++it) {
+    out.push_back(std::stod(it->second));
+  }
+  return out;
+}
+
+double Value(const Results& r, const std::string& key, double fallback) {
+  auto it = r.find(key);
+  return it == r.end() ? fallback : std::stod(it->second);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+namespace {
+
+int64_t StatusKiB(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      return std::atoll(line.c_str() + field.size() + 1);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t ResidentBytes() { return StatusKiB("VmRSS") * 1024; }
+int64_t PeakResidentBytes() { return StatusKiB("VmHWM") * 1024; }
+
+bool ResetPeakResidentBytes() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+Flags::Flags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0) {
+      throw std::invalid_argument("unexpected argument '" + arg + "'");
+    }
+    std::string key = arg.substr(2), value;
+    const auto eq = key.find('=');
+    if (eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      throw std::invalid_argument("flag --" + key + " needs a value");
+    }
+    values_[key] = value;
+    used_[key] = false;
+    raw_.push_back("--" + key);
+    raw_.push_back(value);
+  }
+}
+
+std::string Flags::str(const std::string& key, const std::string& fallback) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return fallback;
+  used_[key] = true;
+  return it->second;
+}
+
+int64_t Flags::num(const std::string& key, int64_t fallback) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return fallback;
+  used_[key] = true;
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != it->second.size()) {
+    throw std::invalid_argument("--" + key + " expects an integer, got '" +
+                                it->second + "'");
+  }
+  return v;
+}
+
+void Flags::CheckAllUsed() const {
+  for (const auto& [key, used] : used_) {
+    if (!used) throw std::invalid_argument("unknown flag --" + key);
+  }
+}
+
+int Cores() {
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double a = 0, b = 0, c = 0;
+  in >> a >> b >> c;
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%.2f %.2f %.2f (1, 5, 15 min)", a, b, c);
+  return buf;
+}
+
+}  // namespace bench
+}  // namespace fsdp2

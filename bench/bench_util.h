@@ -1,0 +1,77 @@
+// fsdp2/bench/bench_util.h
+//
+// What the training benchmarks share: running one configuration as N local
+// ranks of this same binary and reading back what its rank 0 measured, and
+// small helpers (medians, resident memory, flags).
+//
+// A configuration runs in fresh processes (LaunchLocal), so every
+// configuration starts from the same state: no allocator or thread pool
+// warmed by an earlier one. Rank 0 writes its results as "key value" lines
+// to the file named by FSDP2_BENCH_OUT; the parent reads them.
+#ifndef FSDP2_BENCH_BENCH_UTIL_H_
+#define FSDP2_BENCH_BENCH_UTIL_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fsdp2 {
+namespace bench {
+
+// "key value" results of one configuration; values may repeat a key
+// (e.g. one step time per line), in the order written.
+using Results = std::multimap<std::string, std::string>;
+
+// Runs this binary as `nproc` local ranks with `threads` threads each and
+// the extra arguments `args`. Returns rank 0's results. Throws
+// std::runtime_error (naming the configuration) if a rank fails.
+Results RunConfiguration(const std::string& self, int nproc, int threads,
+                         const std::vector<std::string>& args);
+
+// In a rank process: appends "key value" to the results file (rank 0 only
+// calls it). No-op when FSDP2_BENCH_OUT is unset.
+void WriteResult(const std::string& key, const std::string& value);
+void WriteResult(const std::string& key, double value);
+
+// All values of `key` as numbers; the first one, or `fallback`.
+std::vector<double> Values(const Results& r, const std::string& key);
+double Value(const Results& r, const std::string& key, double fallback = 0);
+
+double Median(std::vector<double> v);
+
+// This process's resident set now and its high-water mark, in bytes
+// (VmRSS, VmHWM from /proc/self/status).
+int64_t ResidentBytes();
+int64_t PeakResidentBytes();
+// Resets the high-water mark to the current resident set (Linux >= 4.0,
+// /proc/self/clear_refs); returns false if the kernel refused.
+bool ResetPeakResidentBytes();
+
+// --key value flags (also --key=value). Unknown keys are an error.
+class Flags {
+ public:
+  Flags(int argc, char** argv);
+  std::string str(const std::string& key, const std::string& fallback);
+  int64_t num(const std::string& key, int64_t fallback);
+  // Every flag was read by str/num; otherwise throws naming the first.
+  void CheckAllUsed() const;
+  // The flags as given, for passing on to child processes.
+  const std::vector<std::string>& raw() const { return raw_; }
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::map<std::string, bool> used_;
+  std::vector<std::string> raw_;
+};
+
+// The machine's logical CPU count.
+int Cores();
+
+// The `uptime` load averages, for the report header.
+std::string LoadAverage();
+
+}  // namespace bench
+}  // namespace fsdp2
+
+#endif  // FSDP2_BENCH_BENCH_UTIL_H_

@@ -1,0 +1,448 @@
+// fsdp2/bench/train_bench.cc
+//
+// Training speed of the FSDP2 engine, side by side in one run, on the main
+// job's GPT (examples/train_gpt.cc defaults: 4 layers, n_embd 128, 4 heads,
+// 64 tokens, vocabulary 256, AdamW, clipping at 1.0) with one global batch
+// (16 sequences) for every configuration:
+//
+//   single          one process, the model trained without the engine
+//   engine N=1      one process through fully_shard (the engine's overhead)
+//   FULL_SHARD, SHARD_GRAD_OP, NO_SHARD (the DDP equivalent) at N = 2, 4
+//
+// For each: median step time (the slowest rank's, per step), tokens/s, the
+// time the training thread was blocked on collectives that compute did not
+// hide (per unit and in total) and spent on copy-in, and step time against
+// an ideal computed from this machine's measured GEMM throughput
+// (6 x matmul parameters x tokens + attention FLOPs, at the GEMM rate of all
+// cores). Configurations run in fresh processes, interleaved over --rounds so
+// that a load change on the machine hits all of them alike.
+//
+//   bazel run //bench:train -- --quick 1     # about a minute
+//   bazel run //bench:train                  # the full run
+//
+// With --python-ddp 1 (or auto when python3 can import torch) it also runs
+// bench/python_ddp_gpt.py, PyTorch's own DDP on gloo, on the same model and
+// global batch, and prints its tokens/s beside the engine's.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <torch/types.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "core/comm/device_mesh.h"
+#include "core/comm/world.h"
+#include "core/fsdp/fsdp_unit.h"
+#include "core/fsdp/fully_shard.h"
+#include "core/launch/local_launcher.h"
+#include "core/models/gpt.h"
+
+namespace fsdp2 {
+namespace bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct ModelFlags {
+  int64_t n_layer = 4, n_embd = 128, n_head = 4, block_size = 64,
+          vocab_size = 256, global_batch = 16;
+};
+
+ModelFlags ReadModelFlags(Flags& flags) {
+  ModelFlags m;
+  m.n_layer = flags.num("n-layer", m.n_layer);
+  m.n_embd = flags.num("n-embd", m.n_embd);
+  m.n_head = flags.num("n-head", m.n_head);
+  m.block_size = flags.num("block-size", m.block_size);
+  m.vocab_size = flags.num("vocab-size", m.vocab_size);
+  m.global_batch = flags.num("global-batch", m.global_batch);
+  return m;
+}
+
+std::vector<std::string> ModelArgs(const ModelFlags& m) {
+  return {"--n-layer", std::to_string(m.n_layer), "--n-embd",
+          std::to_string(m.n_embd), "--n-head", std::to_string(m.n_head),
+          "--block-size", std::to_string(m.block_size), "--vocab-size",
+          std::to_string(m.vocab_size), "--global-batch",
+          std::to_string(m.global_batch)};
+}
+
+models::GPTConfig Config(const ModelFlags& m) {
+  models::GPTConfig c;
+  c.n_layer = m.n_layer;
+  c.n_embd = m.n_embd;
+  c.n_head = m.n_head;
+  c.block_size = m.block_size;
+  c.vocab_size = m.vocab_size;
+  c.Validate();
+  return c;
+}
+
+// Model FLOPs of one training step on `tokens` tokens: 6 per matmul weight
+// per token (forward 2, backward 4; the tied head counts as a matmul) plus
+// the attention scores and weighted sum (12 x layers x T x C per token).
+double StepFlops(const models::GPTConfig& c, int64_t tokens) {
+  const double C = c.n_embd;
+  const double matmul_params =
+      c.n_layer * (12.0 * C * C) + double(c.vocab_size) * C;
+  return tokens * (6.0 * matmul_params + 12.0 * c.n_layer * c.block_size * C);
+}
+
+int ThreadsFromLauncher() {
+  const char* env = std::getenv("FSDP2_THREADS");
+  return env ? std::max(1, std::atoi(env)) : 1;
+}
+
+// ---------------------------------------------------------------- ranks
+
+// GEMM throughput of this process's threads: fp32 n x n matmuls.
+int RunGemmRank(Flags& flags) {
+  const int64_t n = flags.num("gemm-size", 2048);
+  flags.CheckAllUsed();
+  at::set_num_threads(ThreadsFromLauncher());
+  at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
+  std::vector<double> gflops;
+  for (int i = 0; i < 7; ++i) {
+    const auto start = Clock::now();
+    at::mm_out(c, a, b);
+    const double s = Seconds(start);
+    if (i >= 2) gflops.push_back(2.0 * n * n * n / s / 1e9);
+  }
+  WriteResult("gemm_gflops", Median(gflops));
+  std::printf("gemm %lldx%lld, %d threads: %.1f GFLOP/s\n", (long long)n,
+              (long long)n, at::get_num_threads(), Median(gflops));
+  return 0;
+}
+
+struct UnitRef {
+  std::string name;
+  fsdp::FSDPUnit* unit;
+};
+
+int RunTrainRank(Flags& flags) {
+  const ModelFlags m = ReadModelFlags(flags);
+  const std::string strategy = flags.str("strategy", "full_shard");
+  const int steps = flags.num("steps", 20), warmup = flags.num("warmup", 3);
+  flags.CheckAllUsed();
+  at::set_num_threads(ThreadsFromLauncher());
+
+  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  const int rank = world->rank(), n = world->size();
+  if (m.global_batch % n != 0) {
+    throw std::invalid_argument("--global-batch must be a multiple of the ranks");
+  }
+  const int64_t batch = m.global_batch / n, T = m.block_size;
+  const models::GPTConfig config = Config(m);
+
+  torch::manual_seed(1337);
+  models::GPT model(config);
+  std::vector<UnitRef> units;
+  if (strategy != "single") {
+    fsdp::FSDPOptions options;
+    options.mesh = comm::DeviceMesh::Create(world, {n}, {"dp"});
+    options.strategy = fsdp::ParseShardingStrategy(strategy);
+    for (size_t i = 0; i < model->blocks->size(); ++i) {
+      fsdp::fully_shard(model->block(i), options);
+    }
+    fsdp::fully_shard(model, options);
+    for (const auto& item : model->named_modules("", /*include_self=*/true)) {
+      if (auto unit = fsdp::unit_of(*item.value())) {
+        units.push_back({item.key().empty() ? "root" : item.key(), unit.get()});
+      }
+    }
+  }
+  torch::optim::AdamW optimizer(
+      model->parameters(),
+      torch::optim::AdamWOptions(3e-3).betas({0.9, 0.95}).weight_decay(0.1));
+
+  // A few fixed batches of random tokens (this rank's rows of each global
+  // batch), made before timing starts.
+  auto gen = at::detail::createCPUGenerator(7);
+  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+  for (int i = 0; i < 4; ++i) {
+    at::Tensor global = at::randint(config.vocab_size, {m.global_batch, T + 1},
+                                    gen, at::TensorOptions().dtype(at::kLong));
+    at::Tensor mine = global.narrow(0, rank * batch, batch);
+    batches.emplace_back(mine.narrow(1, 0, T).contiguous(),
+                         mine.narrow(1, 1, T).contiguous());
+  }
+
+  std::vector<double> step_s, forward_s, backward_s, update_s;
+  for (int step = 0; step < warmup + steps; ++step) {
+    if (step == warmup) {
+      for (auto& u : units) u.unit->reset_comm_wait_stats();
+    }
+    const auto& [x, y] = batches[step % batches.size()];
+    const auto start = Clock::now();
+    optimizer.zero_grad();
+    at::Tensor loss = models::LanguageModelLoss(fsdp::forward(model, x), y);
+    const auto forward_end = Clock::now();
+    loss.backward();
+    const auto backward_end = Clock::now();
+    if (strategy == "single") {
+      torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+    } else {
+      fsdp::clip_grad_norm_(*model, 1.0);
+    }
+    optimizer.step();
+    if (step < warmup) continue;
+    step_s.push_back(Seconds(start));
+    forward_s.push_back(std::chrono::duration<double>(forward_end - start).count());
+    backward_s.push_back(
+        std::chrono::duration<double>(backward_end - forward_end).count());
+    update_s.push_back(Seconds(backward_end));
+  }
+
+  // Per step, the slowest rank's time; per unit, the mean over ranks.
+  at::Tensor times = at::tensor(step_s, at::kDouble);
+  world->group()->all_reduce(times, comm::ReduceOp::kMax).wait();
+  at::Tensor waits = at::zeros({static_cast<int64_t>(units.size()), 3}, at::kDouble);
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto& s = units[i].unit->comm_wait_stats();
+    waits[i][0] = s.all_gather_wait_s / steps;
+    waits[i][1] = s.reduce_wait_s / steps;
+    waits[i][2] = s.copy_in_s / steps;
+  }
+  world->group()->all_reduce(waits).wait();
+  waits.div_(n);
+  if (rank == 0) {
+    for (int64_t i = 0; i < times.numel(); ++i) {
+      WriteResult("step_s", times[i].item<double>());
+    }
+    WriteResult("forward_s", Median(forward_s));
+    WriteResult("backward_s", Median(backward_s));
+    WriteResult("update_s", Median(update_s));
+    WriteResult("threads", at::get_num_threads());
+    for (size_t i = 0; i < units.size(); ++i) {
+      std::ostringstream line;
+      line << units[i].name << " " << waits[i][0].item<double>() << " "
+           << waits[i][1].item<double>() << " " << waits[i][2].item<double>();
+      WriteResult("unit", line.str());
+    }
+  }
+  return 0;
+}
+
+// --------------------------------------------------------------- parent
+
+struct Run {
+  std::string label, strategy;
+  int nproc;
+  int threads;  // per rank
+  std::vector<double> step_s;
+  Results last;  // the last round's results (waits, breakdown)
+};
+
+// Tokens/s of PyTorch's own DDP (bench/python_ddp_gpt.py) on the same model
+// and global batch, or a negative value when it cannot run.
+double RunPythonDdp(const ModelFlags& m, int nproc, int steps, int warmup,
+                    std::string* version, std::string* why) {
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  const std::string script =
+      std::string(workspace ? workspace : ".") + "/bench/python_ddp_gpt.py";
+  std::ostringstream cmd;
+  for (const auto& [k, v] : launch::CpuPerformanceEnv()) cmd << k << "=" << v << " ";
+  cmd << "/usr/bin/python3 " << script << " --nproc " << nproc << " --steps "
+      << steps << " --warmup " << warmup;
+  const auto args = ModelArgs(m);
+  for (const auto& a : args) cmd << " " << a;
+  cmd << " 2>&1";
+  FILE* pipe = popen(cmd.str().c_str(), "r");
+  if (pipe == nullptr) {
+    *why = "cannot start python3";
+    return -1;
+  }
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), pipe)) out += buf;
+  const int rc = pclose(pipe);
+  const auto pos = out.rfind("median_step_s ");
+  if (rc != 0 || pos == std::string::npos) {
+    *why = out.size() > 400 ? out.substr(out.size() - 400) : out;
+    return -1;
+  }
+  const auto v = out.rfind("torch_version ");
+  if (v != std::string::npos) {
+    *version = out.substr(v + 14, out.find('\n', v) - v - 14);
+  }
+  return std::atof(out.c_str() + pos + 14);
+}
+
+int RunParent(Flags& flags, const std::string& self) {
+  const bool quick = flags.num("quick", 0) != 0;
+  const ModelFlags m = ReadModelFlags(flags);
+  const int steps = flags.num("steps", quick ? 8 : 30);
+  const int warmup = flags.num("warmup", quick ? 2 : 5);
+  const int rounds = flags.num("rounds", quick ? 1 : 3);
+  const std::string nprocs_flag = flags.str("nprocs", "2,4");
+  const std::string python_ddp = flags.str("python-ddp", "auto");
+  flags.CheckAllUsed();
+  std::vector<int> nprocs;
+  {
+    std::stringstream s(nprocs_flag);
+    std::string item;
+    while (std::getline(s, item, ',')) nprocs.push_back(std::stoi(item));
+  }
+  const int cores = Cores();
+  const models::GPTConfig config = Config(m);
+  const int64_t tokens = m.global_batch * m.block_size;
+  const double flops = StepFlops(config, tokens);
+
+  std::printf("train bench: %s, AdamW + clip 1.0, fp32\n", config.ToString().c_str());
+  std::printf("global batch %lld x %lld tokens = %lld tokens/step; %.3f GFLOP/step; "
+              "%d cores; %d+%d steps x %d rounds; load %s\n",
+              (long long)m.global_batch, (long long)m.block_size,
+              (long long)tokens, flops / 1e9, cores, warmup, steps, rounds,
+              LoadAverage().c_str());
+  std::fflush(stdout);
+
+  const double gemm_all =
+      Value(RunConfiguration(self, 1, cores, {"--role", "gemm"}), "gemm_gflops");
+  const double gemm_one =
+      Value(RunConfiguration(self, 1, 1, {"--role", "gemm"}), "gemm_gflops");
+  const double ideal_s = flops / (gemm_all * 1e9);
+  std::printf("GEMM 2048^3 fp32: %.1f GFLOP/s on %d threads, %.1f on 1 thread; "
+              "ideal step = %.2f ms\n",
+              gemm_all, cores, gemm_one, ideal_s * 1e3);
+
+  std::vector<Run> runs;
+  runs.push_back({"single (no engine)", "single", 1, cores});
+  runs.push_back({"engine N=1", "full_shard", 1, cores});
+  for (int n : nprocs) {
+    const int threads = std::max(1, cores / n);
+    for (const char* s : {"full_shard", "shard_grad_op", "no_shard"}) {
+      runs.push_back({std::string(fsdp::ToString(fsdp::ParseShardingStrategy(s))) +
+                          " N=" + std::to_string(n),
+                      s, n, threads});
+    }
+  }
+  for (int round = 0; round < rounds; ++round) {
+    for (auto& run : runs) {
+      std::fprintf(stderr, "round %d/%d: %s\n", round + 1, rounds, run.label.c_str());
+      auto args = ModelArgs(m);
+      for (const std::string& a :
+           {std::string("--role"), std::string("train"), std::string("--strategy"),
+            run.strategy, std::string("--steps"), std::to_string(steps),
+            std::string("--warmup"), std::to_string(warmup)}) {
+        args.push_back(a);
+      }
+      run.last = RunConfiguration(self, run.nproc, run.threads, args);
+      for (double s : Values(run.last, "step_s")) run.step_s.push_back(s);
+    }
+  }
+
+  std::printf("\n%-20s %9s %10s %10s %9s %9s %9s %10s %10s %9s\n", "configuration",
+              "ranks x thr", "step ms", "tokens/s", "fwd ms", "bwd ms", "opt ms",
+              "exposed ms", "copy-in ms", "step/ideal");
+  auto median_of = [&](const std::string& label) {
+    for (const auto& r : runs) {
+      if (r.label == label) return Median(r.step_s);
+    }
+    return 0.0;
+  };
+  for (const auto& r : runs) {
+    const double step = Median(r.step_s);
+    double exposed = 0, copy = 0;
+    auto range = r.last.equal_range("unit");
+    for (auto it = range.first; it != range.second; ++it) {
+      std::istringstream line(it->second);
+      std::string name;
+      double ag = 0, rs = 0, ci = 0;
+      line >> name >> ag >> rs >> ci;
+      exposed += ag + rs;
+      copy += ci;
+    }
+    std::printf("%-20s %5d x %-3d %10.2f %10.0f %9.2f %9.2f %9.2f %10.2f %10.2f %9.1f\n",
+                r.label.c_str(), r.nproc, r.threads, step * 1e3, tokens / step,
+                Value(r.last, "forward_s") * 1e3, Value(r.last, "backward_s") * 1e3,
+                Value(r.last, "update_s") * 1e3, exposed * 1e3, copy * 1e3,
+                step / ideal_s);
+  }
+
+  std::printf("\nratios of median step times (lower is better for the first):\n");
+  std::printf("  engine N=1 / single                 %.3f  (engine overhead in one process)\n",
+              median_of("engine N=1") / median_of("single (no engine)"));
+  for (int n : nprocs) {
+    const std::string sn = " N=" + std::to_string(n);
+    std::printf("  FULL_SHARD / NO_SHARD%-14s %.3f\n", sn.c_str(),
+                median_of("FULL_SHARD" + sn) / median_of("NO_SHARD" + sn));
+    std::printf("  SHARD_GRAD_OP / NO_SHARD%-11s %.3f\n", sn.c_str(),
+                median_of("SHARD_GRAD_OP" + sn) / median_of("NO_SHARD" + sn));
+    std::printf("  NO_SHARD%-27s / single %.3f  (same global batch; >1: slower than one process)\n",
+                sn.c_str(), median_of("NO_SHARD" + sn) / median_of("single (no engine)"));
+  }
+
+  for (const auto& r : runs) {
+    if (r.strategy != "full_shard" || r.nproc < 2) continue;
+    std::printf("\nexposed communication per unit, %s (ms per step, mean over ranks, "
+                "last round):\n  %-12s %12s %12s %12s\n",
+                r.label.c_str(), "unit", "all-gather", "reduce", "copy-in");
+    auto range = r.last.equal_range("unit");
+    for (auto it = range.first; it != range.second; ++it) {
+      std::istringstream line(it->second);
+      std::string name;
+      double ag = 0, rs = 0, ci = 0;
+      line >> name >> ag >> rs >> ci;
+      std::printf("  %-12s %12.3f %12.3f %12.3f\n", name.c_str(), ag * 1e3, rs * 1e3,
+                  ci * 1e3);
+    }
+  }
+
+  bool want_python = python_ddp == "1";
+  if (python_ddp == "auto") {
+    want_python = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    if (!want_python) {
+      std::printf("\nPython DDP: skipped (python3 cannot import torch; "
+                  "apt-get install python3-torch, or --python-ddp 0 to silence)\n");
+    }
+  }
+  if (want_python) {
+    for (int n : nprocs) {
+      std::string why, version;
+      const double py = RunPythonDdp(m, n, steps, warmup, &version, &why);
+      const std::string label = "NO_SHARD N=" + std::to_string(n);
+      if (py < 0) {
+        std::printf("\nPython DDP N=%d failed: %s\n", n, why.c_str());
+        continue;
+      }
+      std::printf("\nPython DDP (torch %s, gloo) N=%d: %.2f ms/step, %.0f tokens/s; "
+                  "engine NO_SHARD / Python DDP tokens/s = %.2f, FULL_SHARD / "
+                  "Python DDP = %.2f\n",
+                  version.c_str(), n, py * 1e3, tokens / py, py / median_of(label),
+                  py / median_of("FULL_SHARD N=" + std::to_string(n)));
+    }
+  }
+  std::printf("\nload at the end: %s\n", LoadAverage().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace fsdp2
+
+int main(int argc, char** argv) {
+  using namespace fsdp2;
+  try {
+    bench::Flags flags(argc, argv);
+    if (!launch::IsRankProcess()) return bench::RunParent(flags, argv[0]);
+    const std::string role = flags.str("role", "train");
+    if (role == "gemm") return bench::RunGemmRank(flags);
+    return bench::RunTrainRank(flags);
+  } catch (const std::exception& e) {
+    std::cerr << "train bench: " << e.what() << "\n";
+    return 1;
+  }
+}
