@@ -7,9 +7,9 @@
 // prefix, and if one rank fails the others are stopped.
 //
 // It also sets what LibTorch needs to run well on CPU unless the caller's
-// environment already says otherwise: OMP_NUM_THREADS (threads per rank) and
+// environment already says otherwise: OMP_NUM_THREADS (threads per rank),
 // OPENBLAS_CORETYPE (OpenBLAS does not recognise some virtual CPUs and falls
-// back to slow generic kernels without it).
+// back to slow generic kernels without it) and OMP_WAIT_POLICY=PASSIVE.
 #ifndef FSDP2_CORE_LAUNCH_LOCAL_LAUNCHER_H_
 #define FSDP2_CORE_LAUNCH_LOCAL_LAUNCHER_H_
 
@@ -38,8 +38,9 @@ int LaunchLocal(const LocalLaunchOptions& options);
 bool IsRankProcess();
 
 // The environment LibTorch wants for fast CPU training here: the OpenBLAS
-// core type matching this CPU's vector units, when it can tell. Variables the
-// caller already set are left out.
+// core type matching this CPU's vector units, when it can tell, and
+// OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep instead of spinning between
+// parallel regions). Variables the caller already set are left out.
 std::map<std::string, std::string> CpuPerformanceEnv();
 
 // A TCP port on 127.0.0.1 that was free a moment ago.

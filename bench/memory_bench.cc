@@ -1,0 +1,209 @@
+// fsdp2/bench/memory_bench.cc
+//
+// Per-rank memory of FULL_SHARD against NO_SHARD for N = 1, 2, 4 on a GPT
+// large enough that parameters, gradients and AdamW state dominate (default
+// 8 layers, n_embd 640: about 40M parameters), side by side in one run.
+//
+// For each configuration, the largest value over its ranks of:
+//   peak RSS (train)   VmHWM over the training steps: the high-water mark is
+//                      reset (/proc/self/clear_refs) once the model is sharded
+//                      and the optimizer built, so the full model every rank
+//                      builds before sharding is left out
+//   peak RSS (process) VmHWM since the process started, that build included
+//   baseline           RSS before the model was built (LibTorch, Gloo)
+//   the engine's own counts: sharded params, sharded grads, optimizer state,
+//   peak unsharded params (all-gathered bytes alive at once)
+// and prints peak FULL_SHARD / peak NO_SHARD at each N, with and without the
+// baseline.
+//
+//   bazel run //bench:memory -- --quick 1
+//   bazel run //bench:memory
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "core/comm/device_mesh.h"
+#include "core/comm/world.h"
+#include "core/fsdp/fully_shard.h"
+#include "core/launch/local_launcher.h"
+#include "core/models/gpt.h"
+
+namespace fsdp2 {
+namespace bench {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+models::GPTConfig Config(Flags& flags) {
+  models::GPTConfig c;
+  c.n_layer = flags.num("n-layer", 8);
+  c.n_embd = flags.num("n-embd", 640);
+  c.n_head = flags.num("n-head", 8);
+  c.block_size = flags.num("block-size", 64);
+  c.vocab_size = flags.num("vocab-size", 256);
+  c.Validate();
+  return c;
+}
+
+const char* kKeys[] = {"baseline", "peak_train", "peak_process", "sharded_params",
+                       "sharded_grads", "optimizer_state", "peak_unsharded"};
+
+int RunRank(Flags& flags) {
+  const models::GPTConfig config = Config(flags);
+  const std::string strategy = flags.str("strategy", "full_shard");
+  const int64_t global_batch = flags.num("global-batch", 4);
+  const int steps = flags.num("steps", 3);
+  flags.CheckAllUsed();
+  const char* threads = std::getenv("FSDP2_THREADS");
+  at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
+
+  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  const int rank = world->rank(), n = world->size();
+  const int64_t baseline = ResidentBytes();
+
+  torch::manual_seed(1337);
+  models::GPT model(config);
+  fsdp::FSDPOptions options;
+  options.mesh = comm::DeviceMesh::Create(world, {n}, {"dp"});
+  options.strategy = fsdp::ParseShardingStrategy(strategy);
+  for (size_t i = 0; i < model->blocks->size(); ++i) {
+    fsdp::fully_shard(model->block(i), options);
+  }
+  fsdp::fully_shard(model, options);
+  torch::optim::AdamW optimizer(
+      model->parameters(),
+      torch::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).weight_decay(0.1));
+  const int64_t peak_before_training = PeakResidentBytes();
+  if (!ResetPeakResidentBytes()) {
+    throw std::runtime_error("cannot reset VmHWM through /proc/self/clear_refs");
+  }
+  fsdp::reset_peak_unsharded_param_bytes();
+
+  const int64_t batch = std::max<int64_t>(1, global_batch / n);
+  auto gen = at::detail::createCPUGenerator(7 + rank);
+  at::Tensor tokens = at::randint(config.vocab_size, {batch, config.block_size + 1},
+                                  gen, at::TensorOptions().dtype(at::kLong));
+  at::Tensor x = tokens.narrow(1, 0, config.block_size).contiguous();
+  at::Tensor y = tokens.narrow(1, 1, config.block_size).contiguous();
+  for (int step = 0; step < steps; ++step) {
+    optimizer.zero_grad();
+    models::LanguageModelLoss(fsdp::forward(model, x), y).backward();
+    fsdp::clip_grad_norm_(*model, 1.0);
+    optimizer.step();
+  }
+
+  const auto stats = fsdp::memory_stats(*model);
+  int64_t optimizer_bytes = 0;
+  for (const auto& kv : optimizer.state()) {
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*kv.second);
+    optimizer_bytes += s.exp_avg().nbytes() + s.exp_avg_sq().nbytes();
+    if (s.max_exp_avg_sq().defined()) optimizer_bytes += s.max_exp_avg_sq().nbytes();
+  }
+  const int64_t peak_train = PeakResidentBytes();
+  std::vector<double> values = {
+      double(baseline), double(peak_train),
+      double(std::max(peak_before_training, peak_train)),
+      double(stats.sharded_param_bytes), double(stats.sharded_grad_bytes),
+      double(optimizer_bytes), double(fsdp::peak_unsharded_param_bytes())};
+  at::Tensor t = at::tensor(values, at::kDouble);
+  world->group()->all_reduce(t, comm::ReduceOp::kMax).wait();
+  if (rank == 0) {
+    for (size_t i = 0; i < values.size(); ++i) WriteResult(kKeys[i], t[i].item<double>());
+    WriteResult("params", double(stats.total_param_numel));
+  }
+  return 0;
+}
+
+int RunParent(Flags& flags, const std::string& self) {
+  const bool quick = flags.num("quick", 0) != 0;
+  const int steps = flags.num("steps", quick ? 2 : 4);
+  const int64_t global_batch = flags.num("global-batch", 4);
+  const std::string n_layer = std::to_string(flags.num("n-layer", 8));
+  const std::string n_embd = std::to_string(flags.num("n-embd", 640));
+  const std::string n_head = std::to_string(flags.num("n-head", 8));
+  const std::string block = std::to_string(flags.num("block-size", 64));
+  const std::string vocab = std::to_string(flags.num("vocab-size", 256));
+  const std::string nprocs_flag = flags.str("nprocs", "1,2,4");
+  flags.CheckAllUsed();
+  std::vector<int> nprocs;
+  {
+    std::stringstream s(nprocs_flag);
+    std::string item;
+    while (std::getline(s, item, ',')) nprocs.push_back(std::stoi(item));
+  }
+  std::printf("memory bench: GPT n_layer %s n_embd %s n_head %s block %s vocab %s; "
+              "AdamW fp32; global batch %lld; %d steps; load %s\n",
+              n_layer.c_str(), n_embd.c_str(), n_head.c_str(), block.c_str(),
+              vocab.c_str(), (long long)global_batch, steps, LoadAverage().c_str());
+  std::printf("(MiB per rank, the largest over ranks)\n\n%-16s %9s %10s %12s %9s %9s "
+              "%9s %10s %10s\n",
+              "configuration", "baseline", "peak train", "peak process", "params",
+              "grads", "optimizer", "unsharded", "params #");
+  std::fflush(stdout);
+  const int cores = Cores();
+  std::map<std::string, Results> results;
+  for (int n : nprocs) {
+    for (const char* strategy : {"full_shard", "no_shard"}) {
+      if (n == 1 && std::string(strategy) == "no_shard") continue;  // the same
+      Results r = RunConfiguration(
+          self, n, std::max(1, cores / n),
+          {"--strategy", strategy, "--steps", std::to_string(steps), "--global-batch",
+           std::to_string(global_batch), "--n-layer", n_layer, "--n-embd", n_embd,
+           "--n-head", n_head, "--block-size", block, "--vocab-size", vocab});
+      const std::string label = std::string(fsdp::ToString(
+                                    fsdp::ParseShardingStrategy(strategy))) +
+                                " N=" + std::to_string(n);
+      std::printf("%-16s %9.1f %10.1f %12.1f %9.1f %9.1f %9.1f %10.1f %10.0f\n",
+                  label.c_str(), Value(r, "baseline") / kMiB,
+                  Value(r, "peak_train") / kMiB, Value(r, "peak_process") / kMiB,
+                  Value(r, "sharded_params") / kMiB, Value(r, "sharded_grads") / kMiB,
+                  Value(r, "optimizer_state") / kMiB, Value(r, "peak_unsharded") / kMiB,
+                  Value(r, "params"));
+      std::fflush(stdout);
+      results[label] = r;
+    }
+  }
+  std::printf("\npeak FULL_SHARD / peak NO_SHARD per rank:\n");
+  for (int n : nprocs) {
+    if (n == 1) continue;
+    const auto& fs = results["FULL_SHARD N=" + std::to_string(n)];
+    const auto& ns = results["NO_SHARD N=" + std::to_string(n)];
+    auto ratio = [&](const char* key, bool minus_baseline) {
+      const double a = Value(fs, key) - (minus_baseline ? Value(fs, "baseline") : 0);
+      const double b = Value(ns, key) - (minus_baseline ? Value(ns, "baseline") : 0);
+      return a / b;
+    };
+    std::printf("  N=%d  training peak %.3f (above baseline %.3f); process peak %.3f "
+                "(above baseline %.3f)\n",
+                n, ratio("peak_train", false), ratio("peak_train", true),
+                ratio("peak_process", false), ratio("peak_process", true));
+  }
+  std::printf("\nload at the end: %s\n", LoadAverage().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace fsdp2
+
+int main(int argc, char** argv) {
+  using namespace fsdp2;
+  try {
+    bench::Flags flags(argc, argv);
+    if (!launch::IsRankProcess()) return bench::RunParent(flags, argv[0]);
+    return bench::RunRank(flags);
+  } catch (const std::exception& e) {
+    std::cerr << "memory bench: " << e.what() << "\n";
+    return 1;
+  }
+}
