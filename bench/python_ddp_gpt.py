@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""PyTorch's own data-parallel training (DDP on gloo, CPU) of the same GPT as
+core/models/gpt.cc, for bench/train_bench.cc's comparison.
+
+Each rank trains its slice of one global batch of random tokens with AdamW
+and clipping at 1.0, like the C++ benchmark. Prints `torch_version V` and
+`median_step_s S` (the slowest rank's time per step, median over steps).
+
+    python3 bench/python_ddp_gpt.py --nproc 2
+
+Needs Debian's python3-torch (apt-get install python3-torch).
+"""
+import argparse
+import math
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, c, n_head):
+        super().__init__()
+        self.n_head = n_head
+        self.ln1, self.ln2 = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.fc, self.fc_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def attn(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        heads = lambda t: t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q, k, v = heads(q), heads(k), heads(v)
+        att = q @ k.transpose(-2, -1) / math.sqrt(C // self.n_head)
+        causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+        att = att.masked_fill(causal, float("-inf")).softmax(-1)
+        return self.proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+
+    def forward(self, x):
+        h = x + self.attn(self.ln1(x))
+        return h + self.fc_proj(F.gelu(self.fc(self.ln2(h))))
+
+
+class GPT(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.wte = nn.Embedding(a.vocab_size, a.n_embd)
+        self.wpe = nn.Embedding(a.block_size, a.n_embd)
+        self.blocks = nn.ModuleList(Block(a.n_embd, a.n_head) for _ in range(a.n_layer))
+        self.ln_f = nn.LayerNorm(a.n_embd)
+
+    def forward(self, tokens):
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.size(1)))
+        for b in self.blocks:
+            x = b(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+
+def run(rank, a, port):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.nproc))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=a.nproc)
+    torch.manual_seed(1337)
+    model = GPT(a)
+    ddp = nn.parallel.DistributedDataParallel(model) if a.nproc > 1 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95),
+                            weight_decay=0.1)
+    gen = torch.Generator().manual_seed(7)
+    b = a.global_batch // a.nproc
+    batches = []
+    for _ in range(4):
+        g = torch.randint(a.vocab_size, (a.global_batch, a.block_size + 1), generator=gen)
+        mine = g[rank * b:(rank + 1) * b]
+        batches.append((mine[:, :-1].contiguous(), mine[:, 1:].contiguous()))
+    times = []
+    for step in range(a.warmup + a.steps):
+        x, y = batches[step % len(batches)]
+        start = time.perf_counter()
+        opt.zero_grad()
+        logits = ddp(x)
+        F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step >= a.warmup:
+            times.append(time.perf_counter() - start)
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print("torch_version", torch.__version__, flush=True)
+        print("median_step_s", statistics.median(t.tolist()), flush=True)
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name, default in [("nproc", 2), ("steps", 20), ("warmup", 3), ("n-layer", 4),
+                          ("n-embd", 128), ("n-head", 4), ("block-size", 64),
+                          ("vocab-size", 256), ("global-batch", 16)]:
+        p.add_argument("--" + name, type=int, default=default)
+    a = p.parse_args()
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(run, args=(a, port), nprocs=a.nproc, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -541,6 +541,18 @@ void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
   AddSecondsSince(copy_start, wait_stats_.copy_in_s);
   ++wait_stats_.reductions;
 
+  // Bound the reductions in flight: each holds a unit-sized input buffer, and
+  // a backward that outruns the gradient lane would otherwise keep one per
+  // unit alive (measured: ~240 MiB extra per rank on a 40M-parameter GPT).
+  FSDPUnit* root = root_ != nullptr ? root_ : this;
+  while (root->reductions_in_flight_.size() >= kMaxReductionsInFlight) {
+    comm::CommHandle oldest = root->reductions_in_flight_.front();
+    root->reductions_in_flight_.pop_front();
+    const auto wait_start = std::chrono::steady_clock::now();
+    oldest.wait();
+    AddSecondsSince(wait_start, wait_stats_.reduce_wait_s);
+  }
+
   const double dp = static_cast<double>(data_parallel_size_);
   auto replicate = replicate_group_;
   if (!shard_group_) {
@@ -570,6 +582,7 @@ void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
         });
   }
   reduction_pending_ = true;
+  root->reductions_in_flight_.push_back(reduce_done_);
 }
 
 void FSDPUnit::finish_reduction() {
@@ -588,15 +601,17 @@ void FSDPUnit::finish_reduction() {
     at::Tensor& grad = p.shard.mutable_grad();
     if (grad.defined()) {
       grad.add_(g);
+    } else if (g.scalar_type() == p.shard.scalar_type()) {
+      grad = g;  // a view of this step's own buffer: no second copy
     } else {
-      grad = g.to(p.shard.scalar_type(), /*non_blocking=*/false,
-                  /*copy=*/true);
+      grad = g.to(p.shard.scalar_type());
     }
   }
 }
 
 void FSDPUnit::finalize_backward() {
   finalize_queued_ = false;
+  reductions_in_flight_.clear();
   for (FSDPUnit* unit : all_units_) {
     unit->finish_reduction();
     unit->reshard();

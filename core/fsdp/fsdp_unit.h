@@ -23,6 +23,7 @@
 
 #include <torch/nn/module.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -159,6 +160,10 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   int order_index_ = -1;  // position in the root's last forward order
 
   CommWaitStats wait_stats_;
+  // Root only: gradient reductions issued and not yet waited for, oldest
+  // first; at most kMaxReductionsInFlight (a limit_all_gathers-style cap).
+  static constexpr size_t kMaxReductionsInFlight = 2;
+  std::deque<comm::CommHandle> reductions_in_flight_;
 };
 
 // Every unit in `root`'s module tree (root included), in module order.
