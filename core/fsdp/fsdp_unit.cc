@@ -601,10 +601,11 @@ void FSDPUnit::finish_reduction() {
     at::Tensor& grad = p.shard.mutable_grad();
     if (grad.defined()) {
       grad.add_(g);
-    } else if (g.scalar_type() == p.shard.scalar_type()) {
-      grad = g;  // a view of this step's own buffer: no second copy
     } else {
-      grad = g.to(p.shard.scalar_type());
+      // A copy, not a view of the flat buffer: Optimizer::zero_grad()
+      // detaches .grad in place, which a view refuses.
+      grad = g.to(p.shard.scalar_type(), /*non_blocking=*/false,
+                  /*copy=*/true);
     }
   }
 }
