@@ -180,6 +180,16 @@ void FSDP2Strategy::connect(std::shared_ptr<TrainingModule> module) {
   module_ = std::move(module);
 }
 
+fsdp::DeferredInitGuard FSDP2Strategy::tensor_init_context() const {
+  require(/*setup=*/true, /*parallelized=*/false, "tensor_init_context");
+  if (parallelized_) {
+    throw std::logic_error(
+        "FSDP2Strategy::tensor_init_context: the model is already "
+        "parallelized; build models under the context before parallelize()");
+  }
+  return fsdp::DeferredInitGuard();
+}
+
 void FSDP2Strategy::parallelize() {
   require(/*setup=*/true, /*parallelized=*/false, "parallelize");
   if (!module_) throw std::logic_error("FSDP2Strategy::parallelize: call connect() first");
@@ -187,6 +197,11 @@ void FSDP2Strategy::parallelize() {
     std::cerr << "fsdp2: FSDP2Strategy::parallelize() was already applied; "
                  "ignoring this call\n";
     return;
+  }
+  if (fsdp::DeferredInitGuard::active()) {
+    throw std::logic_error(
+        "FSDP2Strategy::parallelize: called inside tensor_init_context(); "
+        "let the context end (close its scope) first");
   }
   fsdp::FSDPOptions fsdp_options;
   fsdp_options.mesh = fsdp_mesh_;
@@ -200,6 +215,9 @@ void FSDP2Strategy::parallelize() {
   const ParallelizeFn& fn =
       options_.parallelize_fn ? options_.parallelize_fn : DefaultParallelize;
   fn(module_->module(), fsdp_options);
+  if (fsdp::has_deferred_tensors(*module_->module())) {
+    fsdp::materialize_module(*module_->module());
+  }
   optimizer_ = module_->configure_optimizers();
   if (!optimizer_) {
     throw std::logic_error("FSDP2Strategy::parallelize: configure_optimizers() returned null");

@@ -35,6 +35,7 @@
 
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
+#include "core/fsdp/deferred_init.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/distributed_sampler.h"
@@ -121,8 +122,22 @@ class FSDP2Strategy {
   // (dp, tp) device mesh and seeds every rank alike.
   void setup_environment();
   void connect(std::shared_ptr<TrainingModule> module);
-  // Applies parallelize_fn once and builds the optimizer. A second call
-  // warns on stderr and does nothing.
+  // Lightning's tensor_init_context(): while the returned guard lives,
+  // tensors this thread creates are deferred (meta tensors, no memory; see
+  // core/fsdp/deferred_init.h), so a model larger than one rank's memory can
+  // be built:
+  //   { auto init = strategy.tensor_init_context();
+  //     module = std::make_shared<MyModule>(); }
+  //   strategy.connect(module);
+  //   strategy.parallelize();  // shards, then allocates this rank's rows
+  // The parameters come out bit-identical to an eager build after the same
+  // seed. Call after setup_environment() (which seeds); throws
+  // std::logic_error otherwise or after parallelize().
+  fsdp::DeferredInitGuard tensor_init_context() const;
+  // Applies parallelize_fn once, materialises deferred parameters and
+  // buffers (each rank allocates only its rows of sharded parameters) and
+  // builds the optimizer. A second call warns on stderr and does nothing.
+  // Throws std::logic_error inside tensor_init_context().
   void parallelize();
 
   // Runs the module's training step (first applying an optimizer state
