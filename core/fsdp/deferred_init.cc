@@ -585,12 +585,13 @@ void materialize_module(torch::nn::Module& root) {
       throw;
     }
     at::set_default_dtype(default_dtype);
+    // The log is consumed: its other tensors stay on meta.
+    log.tensors.clear();
+    log.id_of.clear();
+    log.ops.clear();
+    log.generator_state = at::Tensor();
   }
   for (FSDPUnit* unit : units) unit->set_deferred(false);
-  log.tensors.clear();
-  log.id_of.clear();
-  log.ops.clear();
-  log.generator_state = at::Tensor();
 }
 
 namespace internal {

@@ -46,6 +46,14 @@
 //    that are not parameters or buffers of `root` stay on meta.
 //  - Tensors created under the guard that are neither parameters nor buffers
 //    (e.g. a mask kept in a plain member) stay on meta.
+//  - Outside a guard, ops on deferred tensors are not seen. In-place ops on
+//    them are detected (version counters) and refused at materialisation;
+//    writes through Tensor::data() made outside a guard are not (inside a
+//    guard they are recorded like any other op).
+//  - A module that is not sharded and still on meta is not guarded: its
+//    forward computes on meta. Materialise (or parallelize()) first.
+//  - Tensors other than deferred ones that an op reads are copied into the
+//    log by value when the op runs (e.g. copy_ from a loaded tensor).
 //  - Until materialised, a sharded module refuses to run: fsdp::forward
 //    throws std::logic_error saying what to call.
 //
@@ -63,7 +71,7 @@ namespace fsdp {
 
 // RAII: tensors created on this thread while it lives are deferred (see the
 // file comment). Nestable; movable so that a factory can return it.
-class DeferredInitGuard {
+class [[nodiscard]] DeferredInitGuard {
  public:
   // Throws std::logic_error if the log holds ops from an earlier guard and
   // the default generator has moved since (materialise first).
