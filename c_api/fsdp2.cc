@@ -131,7 +131,7 @@ struct ModelState {
 
 struct LoaderState {
   std::unique_ptr<strategy::DataLoader> loader;  // rows: windows of block+1
-  fsdp2_dtype_t token_dtype;
+  int32_t token_dtype = FSDP2_DTYPE_UINT8;
   int64_t block_size = 0;
 };
 
@@ -216,7 +216,7 @@ Handle* NewHandle(Kind kind, std::shared_ptr<void> object) {
 // ---------------------------------------------------------------------------
 // Tensors
 
-at::ScalarType ToScalarType(fsdp2_dtype_t dtype) {
+at::ScalarType ToScalarType(int32_t dtype) {
   switch (dtype) {
     case FSDP2_DTYPE_FLOAT32: return at::kFloat;
     case FSDP2_DTYPE_FLOAT64: return at::kDouble;
@@ -231,7 +231,7 @@ at::ScalarType ToScalarType(fsdp2_dtype_t dtype) {
                               " is not supported for tensors (UINT16 is for token files)");
 }
 
-fsdp2_dtype_t FromScalarType(at::ScalarType t) {
+int32_t FromScalarType(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return FSDP2_DTYPE_FLOAT32;
     case at::kDouble: return FSDP2_DTYPE_FLOAT64;
@@ -337,6 +337,10 @@ int32_t JsonSize(const nlohmann::json& v, const std::string& key) {
 
 template <typename T>
 T JsonNumber(const nlohmann::json& v, const std::string& key) {
+  if (std::is_unsigned<T>::value && v.is_number_integer() && v.get<int64_t>() < 0 &&
+      !v.is_number_unsigned()) {
+    throw std::invalid_argument("\"" + key + "\" must not be negative, got " + v.dump());
+  }
   if (!v.is_number()) {
     throw std::invalid_argument("\"" + key + "\" must be a number, got " + v.dump());
   }
@@ -386,7 +390,7 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t&
     case FSDP2_HYBRID_SHARD: out.sharding_strategy = fsdp::ShardingStrategy::kHybridShard; break;
     default:
       throw std::invalid_argument("unknown sharding_strategy " +
-                                  std::to_string(static_cast<int>(o.sharding_strategy)));
+                                  std::to_string(o.sharding_strategy));
   }
   Require(o.reshard_after_forward >= -1 && o.reshard_after_forward <= 1,
           "reshard_after_forward must be -1 (default), 0 or 1");
@@ -513,7 +517,7 @@ extern "C" {
 
 const char* fsdp2_last_error(void) { return last_error.c_str(); }
 
-const char* fsdp2_status_name(fsdp2_status_t status) {
+const char* fsdp2_status_name(int32_t status) {
   switch (status) {
     case FSDP2_OK: return "FSDP2_OK";
     case FSDP2_ERROR_INVALID_ARGUMENT: return "FSDP2_ERROR_INVALID_ARGUMENT";
@@ -545,7 +549,7 @@ const char* fsdp2_version_string(void) {
 
 void fsdp2_free(void* pointer) { std::free(pointer); }
 
-size_t fsdp2_dtype_size(fsdp2_dtype_t dtype) {
+size_t fsdp2_dtype_size(int32_t dtype) {
   switch (dtype) {
     case FSDP2_DTYPE_FLOAT64:
     case FSDP2_DTYPE_INT64: return 8;
@@ -621,7 +625,7 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
       } else if (key == "tensor_parallel_size") {
         o.tensor_parallel_size = JsonSize(v, key);
       } else if (key == "sharding_strategy") {
-        o.sharding_strategy = JsonEnum<fsdp2_sharding_strategy_t>(
+        o.sharding_strategy = JsonEnum<int32_t>(
             v, key, {{"full_shard", FSDP2_FULL_SHARD}, {"shard_grad_op", FSDP2_SHARD_GRAD_OP},
                      {"no_shard", FSDP2_NO_SHARD}, {"hybrid_shard", FSDP2_HYBRID_SHARD}});
       } else if (key == "reshard_after_forward") {
@@ -629,17 +633,17 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
       } else if (key == "shard_group_size") {
         o.shard_group_size = JsonNumber<int32_t>(v, key);
       } else if (key == "precision") {
-        o.precision = JsonEnum<fsdp2_precision_t>(
+        o.precision = JsonEnum<int32_t>(
             v, key, {{"fp32", FSDP2_PRECISION_FP32}, {"bf16", FSDP2_PRECISION_BF16}});
       } else if (key == "cpu_offload") {
         o.cpu_offload = JsonBool(v, key);
       } else if (key == "backend") {
-        o.backend = JsonEnum<fsdp2_backend_t>(
+        o.backend = JsonEnum<int32_t>(
             v, key, {{"gloo", FSDP2_BACKEND_GLOO}, {"nccl", FSDP2_BACKEND_NCCL}});
       } else if (key == "timeout_ms") {
         o.timeout_ms = JsonNumber<int64_t>(v, key);
       } else if (key == "checkpoint_format") {
-        o.checkpoint_format = JsonEnum<fsdp2_checkpoint_format_t>(
+        o.checkpoint_format = JsonEnum<int32_t>(
             v, key, {{"sharded", FSDP2_CHECKPOINT_SHARDED}, {"full", FSDP2_CHECKPOINT_FULL}});
       } else if (key == "seed") {
         o.seed = JsonNumber<uint64_t>(v, key);
@@ -680,7 +684,7 @@ fsdp2_status_t fsdp2_optimizer_options_from_json(const char* json,
     CopyGrown(&o, options);
     for (const auto& [key, v] : config.items()) {
       if (key == "kind") {
-        o.kind = JsonEnum<fsdp2_optimizer_kind_t>(
+        o.kind = JsonEnum<int32_t>(
             v, key, {{"adamw", FSDP2_OPTIMIZER_ADAMW}, {"adam", FSDP2_OPTIMIZER_ADAM},
                      {"sgd", FSDP2_OPTIMIZER_SGD}});
       } else if (key == "lr") {

@@ -39,6 +39,9 @@
  *  - Threads: the library may be called from several threads, but one
  *    strategy (and the model and loader connected to it) is used by one
  *    thread at a time.
+ *  - Enumerations are passed and stored as int32_t (the size of a C enum
+ *    is up to the compiler); any other value is refused with
+ *    FSDP2_ERROR_INVALID_ARGUMENT.
  *  - Option structs start with struct_size = sizeof(the struct) as the
  *    caller compiled it; later versions only append fields, and fields
  *    beyond an old caller's struct_size take their defaults. Always call
@@ -89,7 +92,7 @@ typedef enum fsdp2_status {
 FSDP2_API const char* fsdp2_last_error(void);
 
 /* A constant name for a status, e.g. "FSDP2_ERROR_SHAPE". Never NULL. */
-FSDP2_API const char* fsdp2_status_name(fsdp2_status_t status);
+FSDP2_API const char* fsdp2_status_name(int32_t status);
 
 /* FSDP2_ABI_VERSION of the loaded library; compare with the macro to detect
  * a header/library mismatch. */
@@ -146,13 +149,13 @@ typedef enum fsdp2_dtype {
  * keeps the pointer (inputs are copied or used in place during the call). */
 typedef struct fsdp2_tensor {
   void* data;
-  fsdp2_dtype_t dtype;
+  int32_t dtype; /* an fsdp2_dtype_t */
   int32_t ndim; /* 0..FSDP2_MAX_DIMS */
   int64_t shape[FSDP2_MAX_DIMS];
 } fsdp2_tensor_t;
 
 /* Size in bytes of one element of `dtype`, 0 for an unknown dtype. */
-FSDP2_API size_t fsdp2_dtype_size(fsdp2_dtype_t dtype);
+FSDP2_API size_t fsdp2_dtype_size(int32_t dtype);
 
 /* ------------------------------------------------------------------------
  * Strategy options
@@ -184,14 +187,14 @@ typedef struct fsdp2_strategy_options {
   size_t struct_size;           /* sizeof(fsdp2_strategy_options_t) */
   int32_t data_parallel_size;   /* 0: "auto" */
   int32_t tensor_parallel_size; /* 0: "auto" */
-  fsdp2_sharding_strategy_t sharding_strategy;
+  int32_t sharding_strategy;     /* an fsdp2_sharding_strategy_t */
   int32_t reshard_after_forward; /* -1: the strategy's default, 0: no, 1: yes */
   int32_t shard_group_size;      /* HYBRID_SHARD ranks per group; 0: a node */
-  fsdp2_precision_t precision;   /* default BF16, as the spec's mp_policy */
+  int32_t precision;             /* an fsdp2_precision_t; default BF16 */
   int32_t cpu_offload;           /* 0 or 1 */
-  fsdp2_backend_t backend;
+  int32_t backend;               /* an fsdp2_backend_t */
   int64_t timeout_ms;            /* collectives and rendezvous; > 0 */
-  fsdp2_checkpoint_format_t checkpoint_format;
+  int32_t checkpoint_format;     /* an fsdp2_checkpoint_format_t */
   uint64_t seed;                 /* every rank is seeded with it */
   /* The data sampler (loaders made by this strategy). */
   int32_t shuffle;   /* 0 or 1 */
@@ -269,7 +272,7 @@ typedef enum fsdp2_optimizer_kind {
 
 typedef struct fsdp2_optimizer_options {
   size_t struct_size; /* sizeof(fsdp2_optimizer_options_t) */
-  fsdp2_optimizer_kind_t kind;
+  int32_t kind;       /* an fsdp2_optimizer_kind_t */
   double lr;
   double beta1, beta2, eps; /* Adam(W) */
   double weight_decay;
@@ -449,7 +452,7 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_teardown(fsdp2_strategy_t* strategy);
 
 typedef struct fsdp2_token_loader_options {
   size_t struct_size;        /* sizeof(fsdp2_token_loader_options_t) */
-  fsdp2_dtype_t token_dtype; /* UINT8 (a text file's bytes), UINT16, INT32 */
+  int32_t token_dtype;       /* UINT8 (a text file's bytes), UINT16, INT32 */
   int64_t block_size;        /* tokens per sample; windows hold block_size+1 */
   int64_t global_batch_size; /* rows per step over all data-parallel ranks */
   /* The part of the file's windows this loader uses, as fractions of them:

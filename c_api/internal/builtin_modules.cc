@@ -340,6 +340,16 @@ std::shared_ptr<BuiltinModule> LoadTorchScriptModule(const std::string& path,
   if (!script.find_method("forward")) {
     throw std::invalid_argument("TorchScript module " + path + " has no forward method");
   }
+  int64_t trainable = 0, total = 0;
+  for (const auto& p : script.parameters()) {
+    ++total;
+    trainable += p.requires_grad() ? 1 : 0;
+  }
+  if (trainable == 0) {
+    throw std::invalid_argument("TorchScript module " + path + " has no trainable parameters (" +
+                                std::to_string(total) +
+                                " parameters, none with requires_grad); nothing to train");
+  }
   script.train();
   return std::make_shared<TorchScriptModule>(std::move(script), loss);
 }

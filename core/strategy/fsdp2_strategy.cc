@@ -119,6 +119,11 @@ void FSDP2Strategy::require(bool setup, bool parallelized,
     throw std::logic_error(std::string("FSDP2Strategy::") + what +
                            ": call connect() and parallelize() first");
   }
+  if (parallelized && !optimizer_) {
+    throw std::logic_error(std::string("FSDP2Strategy::") + what +
+                           ": the strategy was torn down (teardown() dropped the "
+                           "optimizer); create a new strategy to train again");
+  }
 }
 
 void FSDP2Strategy::setup_environment() {
