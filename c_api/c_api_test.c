@@ -194,7 +194,9 @@ static int WorkerTrain(int argc, char** argv) {
   int32_t rank = 0;
   int step;
   FILE* out = NULL;
-  fsdp2_strategy_t* s = NewStrategy("{\"precision\": \"fp32\", \"seed\": 7}");
+  /* The launcher may ask for another strategy (sharding, precision). */
+  const char* json = getenv("FSDP2_TEST_STRATEGY");
+  fsdp2_strategy_t* s = NewStrategy(json ? json : "{\"precision\": \"fp32\", \"seed\": 7}");
   ConnectGpt(s);
   CHECK_OK(fsdp2_strategy_rank_info(s, &rank, NULL, NULL, NULL));
   if (rank == 0) out = fopen(argv[3], "w");
@@ -640,6 +642,51 @@ static void TestEquivalence(void) {
   }
 }
 
+/* Every sharding strategy, and bf16 mixed precision, through the C ABI
+ * against the 1-rank fp32 run of TestEquivalence. */
+static void TestStrategiesAndPrecision(void) {
+  static const struct {
+    int world;
+    const char* json;
+    double tolerance; /* relative, on losses and parameters */
+    int losses_only;
+  } cases[] = {
+      {2, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"no_shard\"}", 1e-4, 0},
+      {3, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"shard_grad_op\"}", 1e-4, 0},
+      {4, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"hybrid_shard\", "
+          "\"shard_group_size\": 2}", 1e-4, 0},
+      /* bf16 parameters and compute, fp32 reduction: tracks fp32 loosely. */
+      {2, "{\"precision\": \"bf16\", \"seed\": 7}", 3e-2, 1},
+  };
+  double reference[4096], values[4096];
+  char ref_path[600], out[600];
+  const char* args[4];
+  int n_ref, c;
+  snprintf(ref_path, sizeof(ref_path), "%s/train.1.txt", tmpdir);
+  n_ref = ReadValues(ref_path, reference, 4096, 0);
+  EXPECT(n_ref > 4, "no 1-rank reference (%d values)", n_ref);
+  for (c = 0; c < (int)(sizeof(cases) / sizeof(cases[0])); ++c) {
+    int n, i;
+    double worst = 0;
+    snprintf(out, sizeof(out), "%s/strategy.%d.txt", tmpdir, c);
+    args[0] = "4"; args[1] = "2"; args[2] = "0.5"; args[3] = out;
+    setenv("FSDP2_TEST_STRATEGY", cases[c].json, 1);
+    EXPECT(LaunchRanks(cases[c].world, "train", args, 4, 240) == 0, "%s on %d ranks failed",
+           cases[c].json, cases[c].world);
+    unsetenv("FSDP2_TEST_STRATEGY");
+    n = ReadValues(out, values, 4096, cases[c].losses_only);
+    EXPECT(n == (cases[c].losses_only ? 4 : n_ref), "%s: %d values", cases[c].json, n);
+    for (i = 0; i < n && i < n_ref; ++i) {
+      const double d = i < 4 ? RelDiff(values[i], reference[i]) : fabs(values[i] - reference[i]);
+      if (d > worst) worst = d;
+    }
+    EXPECT(worst < cases[c].tolerance, "%s on %d ranks: worst difference %g", cases[c].json,
+           cases[c].world, worst);
+    printf("strategy %s on %d ranks vs 1-rank fp32: worst difference %.3g\n", cases[c].json,
+           cases[c].world, worst);
+  }
+}
+
 /* A sharded checkpoint saved on 2 ranks after 3 steps resumes on 1 rank
  * with the losses of an uninterrupted 5-step run. */
 static void TestCheckpointResume(void) {
@@ -722,6 +769,7 @@ int main(int argc, char** argv) {
   TestBatchesAndBuffers();
   unsetenv("FSDP2_STORE_PATH");
   TestEquivalence();
+  TestStrategiesAndPrecision();
   TestCheckpointResume();
   TestTokenLoader();
   printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
