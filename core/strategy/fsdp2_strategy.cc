@@ -119,7 +119,11 @@ void FSDP2Strategy::require(bool setup, bool parallelized,
     throw std::logic_error(std::string("FSDP2Strategy::") + what +
                            ": call connect() and parallelize() first");
   }
-  if (parallelized && !optimizer_) {
+}
+
+void FSDP2Strategy::require_optimizer(const char* what) const {
+  require(/*setup=*/true, /*parallelized=*/true, what);
+  if (!optimizer_) {
     throw std::logic_error(std::string("FSDP2Strategy::") + what +
                            ": the strategy was torn down (teardown() dropped the "
                            "optimizer); create a new strategy to train again");
@@ -221,7 +225,7 @@ at::Tensor FSDP2Strategy::apply_loss_reduction(StepType step, const Batch& batch
 }
 
 at::Tensor FSDP2Strategy::training_step(const Batch& batch, int64_t batch_idx) {
-  require(true, true, "training_step");
+  require_optimizer("training_step");
   if (pending_optimizer_state_) {
     // Deferred restoration: the optimizer has state only now.
     torch::serialize::InputArchive archive;
@@ -247,7 +251,7 @@ void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
 }
 
 double FSDP2Strategy::optimizer_step(double max_grad_norm) {
-  require(true, true, "optimizer_step");
+  require_optimizer("optimizer_step");
   const double norm = max_grad_norm > 0
                           ? fsdp::clip_grad_norm_(*module_->module(), max_grad_norm)
                           : 0.0;
@@ -303,7 +307,7 @@ DataLoader FSDP2Strategy::process_dataloader(Batch dataset,
 }
 
 std::string FSDP2Strategy::optimizer_state_dict() const {
-  require(true, true, "optimizer_state_dict");
+  require_optimizer("optimizer_state_dict");
   torch::serialize::OutputArchive archive;
   optimizer_->save(archive);
   std::ostringstream out;
@@ -333,7 +337,7 @@ void FSDP2Strategy::load_model_state_dict(
 }
 
 void FSDP2Strategy::save_checkpoint(const std::string& path) {
-  require(true, true, "save_checkpoint");
+  require_optimizer("save_checkpoint");
   const std::map<std::string, std::string> progress = {
       {"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}};
   if (options_.checkpoint_format == "full") {
@@ -345,7 +349,7 @@ void FSDP2Strategy::save_checkpoint(const std::string& path) {
 }
 
 void FSDP2Strategy::load_checkpoint(const std::string& path) {
-  require(true, true, "load_checkpoint");
+  require_optimizer("load_checkpoint");
   // Sharded checkpoints are directories (possibly mid-swap: DIR.old).
   const bool sharded = std::filesystem::is_directory(path) ||
                        std::filesystem::is_directory(path + ".old") ||
@@ -398,7 +402,7 @@ int FSDP2Strategy::data_parallel_rank() const {
 }
 
 torch::optim::Optimizer& FSDP2Strategy::optimizer() {
-  require(true, true, "optimizer");
+  require_optimizer("optimizer");
   return *optimizer_;
 }
 

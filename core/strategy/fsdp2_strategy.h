@@ -200,6 +200,9 @@ class FSDP2Strategy {
 
  private:
   void require(bool setup, bool parallelized, const char* what) const;
+  // As require(true, true, what), and the optimizer is still there (no
+  // teardown() since).
+  void require_optimizer(const char* what) const;
   at::Tensor apply_loss_reduction(StepType step, const Batch& batch,
                                   at::Tensor output);
   at::Tensor evaluation_step(StepType step, const Batch& batch, int64_t idx);
