@@ -6,7 +6,8 @@
 //   plain module's outputs, input gradients and (blocks of) weight
 //   gradients within 1e-12, and full_from_local rebuilds the plain weights.
 // - Training GPT through FSDP2Strategy with (dp, tp) = (1, 2), (2, 2),
-//   (1, 3), (1, 4) in float64 equals one process: the same loss and clipped
+//   (1, 3), (1, 4) (FULL_SHARD) and (2, 2) (NO_SHARD, SHARD_GRAD_OP) in
+//   float64 equals one process: the same loss and clipped
 //   gradient norm at every step and the same full parameters (original
 //   names and shapes) after the last AdamW step, starting from a full state
 //   dict loaded into the parallel model.
@@ -429,7 +430,8 @@ TEST(FSDP2StrategyTensorParallel, TrainsLikeOneProcess) {
            {"2", "auto", 4, 2, 2, "full_shard"},
            {"1", "3", 3, 1, 3, "full_shard"},
            {"auto", "4", 4, 1, 4, "full_shard"},
-           {"2", "2", 4, 2, 2, "no_shard"}}) {
+           {"2", "2", 4, 2, 2, "no_shard"},
+           {"2", "2", 4, 2, 2, "shard_grad_op"}}) {
     const std::string name = "(dp, tp) = (" + l.dp + ", " + l.tp + ") " + l.strategy;
     LaunchOptions o;
     o.world_size = l.world;
