@@ -655,6 +655,10 @@ static void TestStrategiesAndPrecision(void) {
       {3, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"shard_grad_op\"}", 1e-4, 0},
       {4, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"hybrid_shard\", "
           "\"shard_group_size\": 2}", 1e-4, 0},
+      /* Tensor parallelism: heads split over tp ranks, FSDP over dp. */
+      {2, "{\"precision\": \"fp32\", \"seed\": 7, \"tensor_parallel_size\": 2}", 1e-4, 0},
+      {4, "{\"precision\": \"fp32\", \"seed\": 7, \"data_parallel_size\": 2, "
+          "\"tensor_parallel_size\": 2}", 1e-4, 0},
       /* bf16 parameters and compute, fp32 reduction: tracks fp32 loosely. */
       {2, "{\"precision\": \"bf16\", \"seed\": 7}", 3e-2, 1},
   };

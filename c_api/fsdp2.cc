@@ -36,6 +36,7 @@
 #include "core/launch/local_launcher.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/fsdp2_strategy.h"
+#include "core/tp/state_dict.h"
 
 // The handle types are incomplete in the header; here each is an id.
 struct fsdp2_strategy {};
@@ -856,13 +857,22 @@ fsdp2_status_t fsdp2_strategy_parallelize(fsdp2_strategy_t* strategy) {
       s->strategy->parallelize();  // warns and does nothing, as the spec says
       return FSDP2_OK;
     }
-    s->strategy->parallelize();
-    const int rank = s->strategy->world()->rank();
-    for (const auto& info : fsdp2::fsdp::shard_info(*s->module->module(), rank)) {
-      s->param_names.push_back(info.name);
-      s->param_shapes.push_back(info.global_shape);
-      s->param_dtypes.push_back(info.shard.scalar_type());
+    // Names, shapes and dtypes as the user built the model: sharding (FSDP
+    // rows, tensor-parallel blocks) keeps the names but not the shapes.
+    std::vector<std::string> names;
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<at::ScalarType> dtypes;
+    if (s->module && !fsdp2::fsdp::unit_of(*s->module->module())) {
+      for (const auto& p : s->module->module()->named_parameters(/*recurse=*/true)) {
+        names.push_back(p.key());
+        shapes.push_back(p.value().sizes().vec());
+        dtypes.push_back(p.value().scalar_type());
+      }
     }
+    s->strategy->parallelize();
+    s->param_names = std::move(names);
+    s->param_shapes = std::move(shapes);
+    s->param_dtypes = std::move(dtypes);
   })
 }
 
@@ -1044,11 +1054,14 @@ fsdp2_status_t fsdp2_strategy_get_parameter(fsdp2_strategy_t* strategy, const ch
       throw ShapeError(m.str());
     }
     const int rank = s->strategy->world()->rank();
-    for (const auto& info : fsdp2::fsdp::shard_info(*s->module->module(), rank)) {
-      if (info.name == name) {
-        CopyOut(fsdp2::fsdp::gather_rows(info, info.shard), value, "value");
-        return FSDP2_OK;
-      }
+    torch::nn::Module& root = *s->module->module();
+    for (const auto& info : fsdp2::fsdp::shard_info(root, rank)) {
+      if (info.name != name) continue;
+      // Undo the data-parallel rows, then the tensor-parallel blocks.
+      fsdp2::tp::NamedTensors one{{info.name, fsdp2::fsdp::gather_rows(info, info.shard)}};
+      fsdp2::tp::gather_tensor_parallel(root, one);
+      CopyOut(one[0].second, value, "value");
+      return FSDP2_OK;
     }
     throw std::logic_error(std::string("parameter '") + name + "' vanished from the model");
   })
