@@ -565,6 +565,30 @@ TEST(TensorInitContext, StrategyRefusesWrongOrder) {
   EXPECT_EQ(ReadFile(r.out_dir + "/ok.txt"), "ok");
 }
 
+// Deferred init does not know tensor-parallel blocks yet: refused clearly.
+FSDP2_SCENARIO(tensor_parallel_refused) {
+  strategy::FSDP2StrategyOptions options = Options();
+  options.tensor_parallel_size = strategy::ParallelSize::Of(2);
+  strategy::FSDP2Strategy s(options);
+  s.setup_environment();
+  std::shared_ptr<GPTModule> module;
+  {
+    auto init = s.tensor_init_context();
+    module = std::make_shared<GPTModule>();
+  }
+  s.connect(module);
+  ExpectThrows<std::invalid_argument>([&] { s.parallelize(); }, "cannot be tensor-parallel yet",
+                                      "deferred init with tp 2");
+  std::ofstream(WorkerOutDir() + "/ok" + std::to_string(s.world()->rank()) + ".txt") << "ok";
+}
+
+TEST(TensorInitContext, RefusedWithTensorParallelism) {
+  auto r = Launch("tensor_parallel_refused", 2, {});
+  ASSERT_TRUE(r.ok()) << r.Describe();
+  EXPECT_EQ(ReadFile(r.out_dir + "/ok0.txt"), "ok");
+  EXPECT_EQ(ReadFile(r.out_dir + "/ok1.txt"), "ok");
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace fsdp2

@@ -1,0 +1,155 @@
+package org.fsdp2;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.File;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The Java bindings: errors carry the C message, handles are AutoCloseable,
+ * data crosses in direct buffers, and two JVMs train like one.
+ */
+class FSDP2StrategyTest {
+  private static void expect(int status, String text, Runnable call) {
+    FSDP2Exception e = assertThrows(FSDP2Exception.class, call::run);
+    assertEquals(status, e.status(), e.getMessage());
+    assertTrue(e.getMessage().contains(text), e.getMessage() + " lacks " + text);
+  }
+
+  @Test
+  void badOptionsThrowWithTheCMessage() {
+    expect(Status.INVALID_ARGUMENT, "unknown option \"data_paralel_size\"",
+        () -> FSDP2Strategy.builder().set("data_paralel_size", 2).build());
+    expect(Status.INVALID_ARGUMENT, "full_shard",
+        () -> FSDP2Strategy.builder().shardingStrategy("zero3").build());
+    expect(Status.INVALID_ARGUMENT, "unknown model family",
+        () -> Model.fromConfig("{\"family\": \"rnn\"}"));
+    expect(Status.INVALID_ARGUMENT, "not valid JSON", () -> Model.fromConfig("{\"family\""));
+    expect(Status.IO, "does not exist", () -> Model.fromTorchScript("/nonexistent.pt", "mse"));
+  }
+
+  @Test
+  void closedHandlesThrow() {
+    Model m = Model.mlp(Map.of("in_features", 3, "hidden", 4, "out_features", 2, "depth", 1));
+    assertArrayEquals(new long[] {10, 110}, m.numParameters());
+    m.close();
+    m.close();  // twice is fine
+    assertTrue(m.isClosed());
+    expect(Status.INVALID_HANDLE, "closed", m::numParameters);
+  }
+
+  /** One strategy in this JVM (a world of one, through FSDP2_STORE_PATH). */
+  @Test
+  void trainingOrderArraysAndState() {
+    long[][] g = TrainWorker.globalBatch(0);
+    Tensor tokens = Tensor.ofLongs(g[0], TrainWorker.ROWS, TrainWorker.BLOCK);
+    Tensor targets = Tensor.ofLongs(g[1], TrainWorker.ROWS, TrainWorker.BLOCK);
+    FSDP2Strategy s = FSDP2Strategy.builder().precision("fp32").build();
+    expect(Status.WRONG_ORDER, "setup_environment", s::parallelize);
+    s.setupEnvironment();
+    expect(Status.WRONG_ORDER, "parallelize", () -> s.trainingStep(0, tokens, targets));
+    try (Model m = Model.gpt(Map.of("vocab_size", 32, "block_size", 8, "n_layer", 2,
+        "n_head", 2, "n_embd", 16))) {
+      s.connect(m, OptimizerOptions.adamw().lr(0.01));
+    }
+    s.parallelize();
+
+    Tensor floats = Tensor.zeros(Tensor.FLOAT32, TrainWorker.ROWS, TrainWorker.BLOCK);
+    expect(Status.SHAPE, "integer tensor", () -> s.trainingStep(0, floats, targets));
+    expect(Status.SHAPE, "micro-batches", () -> s.trainingStep(0, 5, 0.0, tokens, targets));
+    StepResult r = s.trainingStep(0, tokens, targets);
+    assertTrue(r.loss > 0 && r.loss < 10 && r.step == 1, "loss " + r.loss);
+    assertTrue(s.validationStep(0, tokens, targets) > 0);
+    Tensor logits = s.predictStep(0, tokens);
+    assertArrayEquals(new long[] {TrainWorker.ROWS, TrainWorker.BLOCK, 32}, logits.shape());
+
+    List<String> names = s.parameterNames();
+    assertEquals("wte.weight", names.get(0));
+    Tensor wpe = s.getParameter("wpe.weight");
+    assertArrayEquals(new long[] {8, 16}, wpe.shape());
+    float[] values = new float[8 * 16];
+    for (int i = 0; i < values.length; ++i) values[i] = i / 100f;
+    s.setParameter("wpe.weight", Tensor.ofFloats(values, 8, 16));
+    assertArrayEquals(values, s.getParameter("wpe.weight").toFloatArray());
+    expect(Status.SHAPE, "dtype",
+        () -> s.setParameter("wpe.weight", Tensor.zeros(Tensor.FLOAT64, 8, 16)));
+    expect(Status.INVALID_ARGUMENT, "no parameter named", () -> s.getParameter("wpe.bias"));
+    s.loadModelStateDict(s.lightningModuleStateDict());
+
+    byte[] state = s.optimizerStateDict();
+    assertTrue(state.length > 100);
+    s.loadOptimizerStateDict(state);
+    assertTrue(s.hasPendingOptimizerState());
+    s.trainingStep(1, tokens, targets);
+    assertFalse(s.hasPendingOptimizerState());
+    assertArrayEquals(new long[] {0, 2}, s.currentEpochStep());
+    expect(Status.IO, "", () -> s.loadCheckpoint("/nonexistent/ckpt"));
+    s.close();
+    expect(Status.INVALID_HANDLE, "closed", () -> s.trainingStep(0, tokens, targets));
+  }
+
+  private static List<String> runRanks(int world, Path out, int steps, String... extra)
+      throws Exception {
+    Path store = Files.createTempFile(out.getParent(), "store", "");
+    Files.delete(store);
+    List<Process> procs = new ArrayList<>();
+    for (int r = 0; r < world; ++r) {
+      ProcessBuilder pb = new ProcessBuilder(
+          ProcessHandle.current().info().command().orElse("java"),
+          "-Dfsdp2.jni=" + System.getProperty("fsdp2.jni"),
+          "-cp", System.getProperty("fsdp2.classpath"), "org.fsdp2.TrainWorker",
+          out.toString(), Integer.toString(steps));
+      pb.command().addAll(List.of(extra));
+      pb.environment().put("RANK", Integer.toString(r));
+      pb.environment().put("WORLD_SIZE", Integer.toString(world));
+      pb.environment().put("FSDP2_STORE_PATH", store.toString());
+      pb.environment().put("OMP_NUM_THREADS", "1");
+      pb.redirectErrorStream(true);
+      pb.redirectOutput(new File(out + ".rank" + r + ".log"));
+      procs.add(pb.start());
+    }
+    for (int r = 0; r < world; ++r) {
+      Process p = procs.get(r);
+      if (!p.waitFor(240, TimeUnit.SECONDS)) {
+        for (Process q : procs) q.destroyForcibly();
+        throw new AssertionError(world + " JVMs timed out");
+      }
+      assertEquals(0, p.exitValue(),
+          "rank " + r + " of " + world + ": " + Files.readString(Path.of(out + ".rank" + r + ".log")));
+    }
+    return Files.readAllLines(out);
+  }
+
+  @Test
+  void twoJvmsTrainLikeOne() throws Exception {
+    Path dir = Files.createTempDirectory(Path.of(System.getProperty("java.io.tmpdir")), "jvms");
+    List<String> one = runRanks(1, dir.resolve("one.txt"), 4);
+    List<String> two = runRanks(2, dir.resolve("two.txt"), 4);
+    // Built under tensorInitContext(): bit-identical to the eager build.
+    List<String> deferred = runRanks(2, dir.resolve("deferred.txt"), 4, "deferred");
+    assertEquals(two, deferred, "a deferred build trains differently from an eager one");
+    assertEquals(one.size(), two.size());
+    assertTrue(one.size() > 4 + 100, "values: " + one.size());
+    double first = Double.parseDouble(one.get(0).substring(5));
+    double last = Double.parseDouble(one.get(3).substring(5));
+    assertTrue(last < first, "the loss did not fall: " + first + " -> " + last);
+    for (int i = 0; i < one.size(); ++i) {
+      boolean loss = one.get(i).startsWith("loss ");
+      double a = Double.parseDouble(loss ? one.get(i).substring(5) : one.get(i));
+      double b = Double.parseDouble(loss ? two.get(i).substring(5) : two.get(i));
+      // fp32: losses to 1e-5 relative; parameters after 4 AdamW steps to 1e-4.
+      double tolerance = loss ? 1e-5 * Math.abs(a) : 1e-4;
+      assertEquals(a, b, tolerance, "value " + i + (loss ? " (loss)" : " (wte.weight)"));
+    }
+  }
+}
