@@ -84,15 +84,30 @@ class FSDP2StrategyTest {
     expect(Status.SHAPE, "dtype",
         () -> s.setParameter("wpe.weight", Tensor.zeros(Tensor.FLOAT64, 8, 16)));
     expect(Status.INVALID_ARGUMENT, "no parameter named", () -> s.getParameter("wpe.bias"));
-    s.loadModelStateDict(s.lightningModuleStateDict());
 
+    // State round trip: the model and optimizer state taken after step 1 and
+    // restored after step 2 make step 2 repeat bit for bit (same loss, same
+    // parameters after it: AdamW's moments and step count came back too).
+    Map<String, Tensor> model = s.lightningModuleStateDict();
     byte[] state = s.optimizerStateDict();
     assertTrue(state.length > 100);
+    long[][] g1 = TrainWorker.globalBatch(1);
+    Tensor tokens1 = Tensor.ofLongs(g1[0], TrainWorker.ROWS, TrainWorker.BLOCK);
+    Tensor targets1 = Tensor.ofLongs(g1[1], TrainWorker.ROWS, TrainWorker.BLOCK);
+    StepResult second = s.trainingStep(1, tokens1, targets1);
+    Map<String, Tensor> afterSecond = s.lightningModuleStateDict();
+    s.loadModelStateDict(model);
     s.loadOptimizerStateDict(state);
     assertTrue(s.hasPendingOptimizerState());
-    s.trainingStep(1, tokens, targets);
+    StepResult again = s.trainingStep(1, tokens1, targets1);
     assertFalse(s.hasPendingOptimizerState());
-    assertArrayEquals(new long[] {0, 2}, s.currentEpochStep());
+    assertEquals(second.loss, again.loss, 0.0, "step 2 after restoring the state");
+    assertEquals(model.keySet(), afterSecond.keySet());
+    for (String name : names) {
+      assertArrayEquals(afterSecond.get(name).toFloatArray(), s.getParameter(name).toFloatArray(),
+          name + " after step 2 repeated");
+    }
+    assertArrayEquals(new long[] {0, 3}, s.currentEpochStep());
     expect(Status.IO, "", () -> s.loadCheckpoint("/nonexistent/ckpt"));
     s.close();
     expect(Status.INVALID_HANDLE, "closed", () -> s.trainingStep(0, tokens, targets));
