@@ -20,7 +20,9 @@
 #include "c_api/fsdp2.h"
 
 /* A batch under construction: tensors over direct buffers the Java Batch
- * object keeps alive. */
+ * object keeps alive. The Java side checks the 16-tensor capacity and
+ * FSDP2_MAX_DIMS before calling, because these helpers cannot set
+ * fsdp2_last_error(): their own refusals would carry a stale message. */
 typedef struct {
   fsdp2_tensor_t tensors[16];
   size_t count;

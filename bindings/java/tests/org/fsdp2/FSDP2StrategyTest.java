@@ -48,6 +48,24 @@ class FSDP2StrategyTest {
     expect(Status.INVALID_HANDLE, "closed", m::numParameters);
   }
 
+  /**
+   * The JNI helpers' own limits (FSDP2_MAX_DIMS dimensions, 16 tensors per
+   * batch) are checked in Java: a helper's refusal would carry no C message,
+   * only a stale one from an earlier failed call.
+   */
+  @Test
+  void tensorsBeyondTheHelpersLimitsAreRefusedInJava() {
+    expect(Status.INVALID_ARGUMENT, "not valid JSON", () -> Model.fromConfig("{"));
+    IllegalArgumentException dims = assertThrows(IllegalArgumentException.class,
+        () -> Tensor.zeros(Tensor.FLOAT32, 1, 1, 1, 1, 1, 1, 1, 1, 1));
+    assertTrue(dims.getMessage().contains("at most 8 dimensions"), dims.getMessage());
+    Tensor[] many = new Tensor[17];
+    for (int i = 0; i < many.length; ++i) many[i] = Tensor.zeros(Tensor.FLOAT32, 1);
+    IllegalArgumentException count = assertThrows(IllegalArgumentException.class,
+        () -> new Batch(many).close());
+    assertTrue(count.getMessage().contains("at most 16 tensors"), count.getMessage());
+  }
+
   /** One strategy in this JVM (a world of one, through FSDP2_STORE_PATH). */
   @Test
   void trainingOrderArraysAndState() {
