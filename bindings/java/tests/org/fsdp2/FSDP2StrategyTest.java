@@ -32,6 +32,15 @@ class FSDP2StrategyTest {
         () -> FSDP2Strategy.builder().set("data_paralel_size", 2).build());
     expect(Status.INVALID_ARGUMENT, "full_shard",
         () -> FSDP2Strategy.builder().shardingStrategy("zero3").build());
+    expect(Status.INVALID_ARGUMENT, "\"data_parallel_size\" must be \"auto\" or a positive integer",
+        () -> FSDP2Strategy.builder().dataParallelSize("two").build());
+    expect(Status.INVALID_ARGUMENT, "nccl",
+        () -> FSDP2Strategy.builder().backend("mpi").build());
+    // Every typed setter names an option the library knows.
+    FSDP2Strategy.builder().dataParallelSize("auto").tensorParallelSize(1)
+        .shardingStrategy("hybrid_shard").shardGroupSize(1).reshardAfterForward(false)
+        .precision("fp32").cpuOffload(false).backend("gloo").timeoutMs(60000)
+        .checkpointFormat("full").seed(3).shuffle(false).dropLast(false).build().close();
     expect(Status.INVALID_ARGUMENT, "unknown model family",
         () -> Model.fromConfig("{\"family\": \"rnn\"}"));
     expect(Status.INVALID_ARGUMENT, "not valid JSON", () -> Model.fromConfig("{\"family\""));
