@@ -10,6 +10,7 @@ import java.io.File;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
@@ -135,7 +136,28 @@ class FSDP2StrategyTest {
           name + " after step 2 repeated");
     }
     assertArrayEquals(new long[] {0, 3}, s.currentEpochStep());
-    expect(Status.IO, "", () -> s.loadCheckpoint("/nonexistent/ckpt"));
+    expect(Status.IO, "/nonexistent/ckpt", () -> s.loadCheckpoint("/nonexistent/ckpt"));
+
+    // Checkpoint round trip: parameters and counters come back; remove deletes it.
+    String ckpt = Path.of(System.getProperty("java.io.tmpdir"), "junit_ckpt").toString();
+    s.saveCheckpoint(ckpt);
+    float[] saved = s.getParameter("wte.weight").toFloatArray();
+    s.trainingStep(3, tokens, targets);
+    assertFalse(Arrays.equals(saved, s.getParameter("wte.weight").toFloatArray()));
+    s.loadCheckpoint(ckpt);
+    assertArrayEquals(saved, s.getParameter("wte.weight").toFloatArray());
+    assertArrayEquals(new long[] {0, 3}, s.currentEpochStep());
+    s.removeCheckpoint(ckpt);
+    assertFalse(Files.exists(Path.of(ckpt)), ckpt + " still exists");
+    expect(Status.IO, "not an fsdp2 checkpoint",
+        () -> s.removeCheckpoint(System.getProperty("java.io.tmpdir")));
+
+    // teardown() drops the optimizer: training refuses, evaluation still works.
+    double before = s.validationStep(0, tokens, targets);
+    s.teardown();
+    expect(Status.WRONG_ORDER, "torn down", () -> s.trainingStep(2, tokens, targets));
+    expect(Status.WRONG_ORDER, "torn down", s::optimizerStateDict);
+    assertEquals(before, s.validationStep(0, tokens, targets), 0.0);
     s.close();
     expect(Status.INVALID_HANDLE, "closed", () -> s.trainingStep(0, tokens, targets));
   }
