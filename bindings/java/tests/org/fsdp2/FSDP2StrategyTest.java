@@ -180,14 +180,16 @@ class FSDP2StrategyTest {
       pb.redirectOutput(new File(out + ".rank" + r + ".log"));
       procs.add(pb.start());
     }
-    for (int r = 0; r < world; ++r) {
-      Process p = procs.get(r);
-      if (!p.waitFor(240, TimeUnit.SECONDS)) {
-        for (Process q : procs) q.destroyForcibly();
-        throw new AssertionError(world + " JVMs timed out");
+    try {
+      for (int r = 0; r < world; ++r) {
+        Process p = procs.get(r);
+        if (!p.waitFor(240, TimeUnit.SECONDS)) throw new AssertionError(world + " JVMs timed out");
+        assertEquals(0, p.exitValue(), "rank " + r + " of " + world + ": "
+            + Files.readString(Path.of(out + ".rank" + r + ".log")));
       }
-      assertEquals(0, p.exitValue(),
-          "rank " + r + " of " + world + ": " + Files.readString(Path.of(out + ".rank" + r + ".log")));
+    } finally {
+      // A failed rank leaves the others waiting in a collective: stop them.
+      for (Process q : procs) q.destroyForcibly();
     }
     return Files.readAllLines(out);
   }
