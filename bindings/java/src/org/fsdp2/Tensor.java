@@ -13,6 +13,8 @@ import org.fsdp2.internal.Fsdp2NativeConstants;
 public final class Tensor {
   public static final int FLOAT32 = Fsdp2NativeConstants.FSDP2_DTYPE_FLOAT32;
   public static final int FLOAT64 = Fsdp2NativeConstants.FSDP2_DTYPE_FLOAT64;
+  public static final int BFLOAT16 = Fsdp2NativeConstants.FSDP2_DTYPE_BFLOAT16;
+  public static final int FLOAT16 = Fsdp2NativeConstants.FSDP2_DTYPE_FLOAT16;
   public static final int INT64 = Fsdp2NativeConstants.FSDP2_DTYPE_INT64;
   public static final int INT32 = Fsdp2NativeConstants.FSDP2_DTYPE_INT32;
   public static final int UINT8 = Fsdp2NativeConstants.FSDP2_DTYPE_UINT8;
