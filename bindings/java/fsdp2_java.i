@@ -246,13 +246,11 @@ int fsdp2j_num_parameters(long long s, long long* values) {
   values[0] = count;
   return status;
 }
-/* The name of parameter `index` (NULL on error: see fsdp2_last_error). */
-const char* fsdp2j_parameter_name(long long s, long long index) {
+/* The name of parameter `index`; ints[0] = the status (NULL unless OK). */
+const char* fsdp2j_parameter_name(long long s, long long index, int* ints) {
   const char* name = NULL;
-  if (fsdp2_strategy_parameter_info((fsdp2_strategy_t*)(intptr_t)s, index, &name, NULL) != FSDP2_OK) {
-    return NULL;
-  }
-  return name;
+  ints[0] = fsdp2_strategy_parameter_info((fsdp2_strategy_t*)(intptr_t)s, index, &name, NULL);
+  return ints[0] == FSDP2_OK ? name : NULL;
 }
 /* out = {dtype, ndim, shape...} */
 int fsdp2j_parameter_shape(long long s, long long index, long long* out) {

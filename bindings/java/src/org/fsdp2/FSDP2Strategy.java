@@ -285,9 +285,10 @@ public final class FSDP2Strategy extends Handle {
     long[] count = new long[1];
     Native.check(Fsdp2Native.fsdp2j_num_parameters(handle(), count));
     List<String> names = new ArrayList<>();
+    int[] status = new int[1];
     for (long i = 0; i < count[0]; ++i) {
-      String name = Fsdp2Native.fsdp2j_parameter_name(handle(), i);
-      if (name == null) Native.check(Status.INVALID_ARGUMENT);
+      String name = Fsdp2Native.fsdp2j_parameter_name(handle(), i, status);
+      Native.check(status[0]);
       names.add(name);
     }
     return names;
