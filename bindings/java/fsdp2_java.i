@@ -20,7 +20,9 @@
 #include "c_api/fsdp2.h"
 
 /* A batch under construction: tensors over direct buffers the Java Batch
- * object keeps alive. */
+ * object keeps alive. The Java side checks the 16-tensor capacity and
+ * FSDP2_MAX_DIMS before calling, because these helpers cannot set
+ * fsdp2_last_error(): their own refusals would carry a stale message. */
 typedef struct {
   fsdp2_tensor_t tensors[16];
   size_t count;
@@ -250,13 +252,11 @@ int fsdp2j_num_parameters(long long s, long long* values) {
   values[0] = count;
   return status;
 }
-/* The name of parameter `index` (NULL on error: see fsdp2_last_error). */
-const char* fsdp2j_parameter_name(long long s, long long index) {
+/* The name of parameter `index`; ints[0] = the status (NULL unless OK). */
+const char* fsdp2j_parameter_name(long long s, long long index, int* ints) {
   const char* name = NULL;
-  if (fsdp2_strategy_parameter_info((fsdp2_strategy_t*)(intptr_t)s, index, &name, NULL) != FSDP2_OK) {
-    return NULL;
-  }
-  return name;
+  ints[0] = fsdp2_strategy_parameter_info((fsdp2_strategy_t*)(intptr_t)s, index, &name, NULL);
+  return ints[0] == FSDP2_OK ? name : NULL;
 }
 /* out = {dtype, ndim, shape...} */
 int fsdp2j_parameter_shape(long long s, long long index, long long* out) {

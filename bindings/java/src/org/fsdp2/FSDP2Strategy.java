@@ -31,13 +31,23 @@ public final class FSDP2Strategy extends Handle {
   public static final class Builder {
     private final Map<String, Object> options = new LinkedHashMap<>();
 
-    /** "auto" or a number. */
-    public Builder dataParallelSize(Object size) {
+    /** Data-parallel ranks; the default is "auto" (what the tensor-parallel size leaves). */
+    public Builder dataParallelSize(int size) {
       return set("data_parallel_size", size);
     }
 
-    public Builder tensorParallelSize(Object size) {
+    /** "auto": the library picks (see fsdp2_strategy_options_from_json). */
+    public Builder dataParallelSize(String auto) {
+      return set("data_parallel_size", auto);
+    }
+
+    public Builder tensorParallelSize(int size) {
       return set("tensor_parallel_size", size);
+    }
+
+    /** "auto": the library picks. */
+    public Builder tensorParallelSize(String auto) {
+      return set("tensor_parallel_size", auto);
     }
 
     /** full_shard, shard_grad_op, no_shard or hybrid_shard. */
@@ -63,6 +73,36 @@ public final class FSDP2Strategy extends Handle {
       return set("timeout_ms", timeoutMs);
     }
 
+    /** Whether parameters are resharded after forward (the default depends on the strategy). */
+    public Builder reshardAfterForward(boolean reshard) {
+      return set("reshard_after_forward", reshard);
+    }
+
+    /** HYBRID_SHARD: ranks per sharding group (0: one node). */
+    public Builder shardGroupSize(int ranks) {
+      return set("shard_group_size", ranks);
+    }
+
+    public Builder cpuOffload(boolean offload) {
+      return set("cpu_offload", offload);
+    }
+
+    /** gloo (the default) or nccl. */
+    public Builder backend(String backend) {
+      return set("backend", backend);
+    }
+
+    /** The token loaders' sampler: shuffle each epoch (the default). */
+    public Builder shuffle(boolean shuffle) {
+      return set("shuffle", shuffle);
+    }
+
+    /** Drop a last partial global batch (the default) instead of padding it. */
+    public Builder dropLast(boolean dropLast) {
+      return set("drop_last", dropLast);
+    }
+
+    /** Any option by its C name (a String, Number or Boolean); unknown names fail in build(). */
     public Builder set(String key, Object value) {
       options.put(key, value);
       return this;
@@ -274,9 +314,10 @@ public final class FSDP2Strategy extends Handle {
     long[] count = new long[1];
     Native.check(Fsdp2Native.fsdp2j_num_parameters(handle(), count));
     List<String> names = new ArrayList<>();
+    int[] status = new int[1];
     for (long i = 0; i < count[0]; ++i) {
-      String name = Fsdp2Native.fsdp2j_parameter_name(handle(), i);
-      if (name == null) Native.check(Status.INVALID_ARGUMENT);
+      String name = Fsdp2Native.fsdp2j_parameter_name(handle(), i, status);
+      Native.check(status[0]);
       names.add(name);
     }
     return names;

@@ -13,6 +13,8 @@ import org.fsdp2.internal.Fsdp2NativeConstants;
 public final class Tensor {
   public static final int FLOAT32 = Fsdp2NativeConstants.FSDP2_DTYPE_FLOAT32;
   public static final int FLOAT64 = Fsdp2NativeConstants.FSDP2_DTYPE_FLOAT64;
+  public static final int BFLOAT16 = Fsdp2NativeConstants.FSDP2_DTYPE_BFLOAT16;
+  public static final int FLOAT16 = Fsdp2NativeConstants.FSDP2_DTYPE_FLOAT16;
   public static final int INT64 = Fsdp2NativeConstants.FSDP2_DTYPE_INT64;
   public static final int INT32 = Fsdp2NativeConstants.FSDP2_DTYPE_INT32;
   public static final int UINT8 = Fsdp2NativeConstants.FSDP2_DTYPE_UINT8;
@@ -22,9 +24,13 @@ public final class Tensor {
   private final int dtype;
   private final long[] shape;
 
-  /** Wraps a direct buffer of exactly numel(shape) elements of dtype. */
+  /**
+   * Wraps a direct buffer of exactly numel(shape) elements of dtype, with at
+   * most FSDP2_MAX_DIMS (8) dimensions.
+   */
   public Tensor(ByteBuffer buffer, int dtype, long... shape) {
     Native.init();
+    checkRank(shape);
     if (!buffer.isDirect()) throw new IllegalArgumentException("the buffer must be direct");
     long bytes = numel(shape) * Fsdp2Native.fsdp2_dtype_size(dtype);
     if (Fsdp2Native.fsdp2_dtype_size(dtype) == 0) {
@@ -39,10 +45,15 @@ public final class Tensor {
     this.shape = shape.clone();
   }
 
-  /** A zero-filled tensor. */
+  /** A zero-filled tensor (at most 2 GiB: one direct ByteBuffer). */
   public static Tensor zeros(int dtype, long... shape) {
     Native.init();
+    checkRank(shape);
     long bytes = numel(shape) * Fsdp2Native.fsdp2_dtype_size(dtype);
+    if (bytes > Integer.MAX_VALUE) {
+      throw new IllegalArgumentException("shape " + Arrays.toString(shape) + " needs " + bytes
+          + " bytes, more than one ByteBuffer holds");
+    }
     return new Tensor(ByteBuffer.allocateDirect((int) bytes), dtype, shape);
   }
 
@@ -102,6 +113,15 @@ public final class Tensor {
 
   long[] shapeRef() {
     return shape;
+  }
+
+  // Checked here, not by the JNI helper: its refusal would carry no C message.
+  private static void checkRank(long[] shape) {
+    if (shape.length > Fsdp2NativeConstants.FSDP2_MAX_DIMS) {
+      throw new IllegalArgumentException("a tensor has at most "
+          + Fsdp2NativeConstants.FSDP2_MAX_DIMS + " dimensions, not " + shape.length + ": "
+          + Arrays.toString(shape));
+    }
   }
 
   static long numel(long[] shape) {

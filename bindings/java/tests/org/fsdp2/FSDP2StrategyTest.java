@@ -10,6 +10,7 @@ import java.io.File;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
@@ -32,6 +33,15 @@ class FSDP2StrategyTest {
         () -> FSDP2Strategy.builder().set("data_paralel_size", 2).build());
     expect(Status.INVALID_ARGUMENT, "full_shard",
         () -> FSDP2Strategy.builder().shardingStrategy("zero3").build());
+    expect(Status.INVALID_ARGUMENT, "\"data_parallel_size\" must be \"auto\" or a positive integer",
+        () -> FSDP2Strategy.builder().dataParallelSize("two").build());
+    expect(Status.INVALID_ARGUMENT, "nccl",
+        () -> FSDP2Strategy.builder().backend("mpi").build());
+    // Every typed setter names an option the library knows.
+    FSDP2Strategy.builder().dataParallelSize("auto").tensorParallelSize(1)
+        .shardingStrategy("hybrid_shard").shardGroupSize(1).reshardAfterForward(false)
+        .precision("fp32").cpuOffload(false).backend("gloo").timeoutMs(60000)
+        .checkpointFormat("full").seed(3).shuffle(false).dropLast(false).build().close();
     expect(Status.INVALID_ARGUMENT, "unknown model family",
         () -> Model.fromConfig("{\"family\": \"rnn\"}"));
     expect(Status.INVALID_ARGUMENT, "not valid JSON", () -> Model.fromConfig("{\"family\""));
@@ -46,6 +56,24 @@ class FSDP2StrategyTest {
     m.close();  // twice is fine
     assertTrue(m.isClosed());
     expect(Status.INVALID_HANDLE, "closed", m::numParameters);
+  }
+
+  /**
+   * The JNI helpers' own limits (FSDP2_MAX_DIMS dimensions, 16 tensors per
+   * batch) are checked in Java: a helper's refusal would carry no C message,
+   * only a stale one from an earlier failed call.
+   */
+  @Test
+  void tensorsBeyondTheHelpersLimitsAreRefusedInJava() {
+    expect(Status.INVALID_ARGUMENT, "not valid JSON", () -> Model.fromConfig("{"));
+    IllegalArgumentException dims = assertThrows(IllegalArgumentException.class,
+        () -> Tensor.zeros(Tensor.FLOAT32, 1, 1, 1, 1, 1, 1, 1, 1, 1));
+    assertTrue(dims.getMessage().contains("at most 8 dimensions"), dims.getMessage());
+    Tensor[] many = new Tensor[17];
+    for (int i = 0; i < many.length; ++i) many[i] = Tensor.zeros(Tensor.FLOAT32, 1);
+    IllegalArgumentException count = assertThrows(IllegalArgumentException.class,
+        () -> new Batch(many).close());
+    assertTrue(count.getMessage().contains("at most 16 tensors"), count.getMessage());
   }
 
   /** One strategy in this JVM (a world of one, through FSDP2_STORE_PATH). */
@@ -84,16 +112,52 @@ class FSDP2StrategyTest {
     expect(Status.SHAPE, "dtype",
         () -> s.setParameter("wpe.weight", Tensor.zeros(Tensor.FLOAT64, 8, 16)));
     expect(Status.INVALID_ARGUMENT, "no parameter named", () -> s.getParameter("wpe.bias"));
-    s.loadModelStateDict(s.lightningModuleStateDict());
 
+    // State round trip: the model and optimizer state taken after step 1 and
+    // restored after step 2 make step 2 repeat bit for bit (same loss, same
+    // parameters after it: AdamW's moments and step count came back too).
+    Map<String, Tensor> model = s.lightningModuleStateDict();
     byte[] state = s.optimizerStateDict();
     assertTrue(state.length > 100);
+    long[][] g1 = TrainWorker.globalBatch(1);
+    Tensor tokens1 = Tensor.ofLongs(g1[0], TrainWorker.ROWS, TrainWorker.BLOCK);
+    Tensor targets1 = Tensor.ofLongs(g1[1], TrainWorker.ROWS, TrainWorker.BLOCK);
+    StepResult second = s.trainingStep(1, tokens1, targets1);
+    Map<String, Tensor> afterSecond = s.lightningModuleStateDict();
+    s.loadModelStateDict(model);
     s.loadOptimizerStateDict(state);
     assertTrue(s.hasPendingOptimizerState());
-    s.trainingStep(1, tokens, targets);
+    StepResult again = s.trainingStep(1, tokens1, targets1);
     assertFalse(s.hasPendingOptimizerState());
-    assertArrayEquals(new long[] {0, 2}, s.currentEpochStep());
-    expect(Status.IO, "", () -> s.loadCheckpoint("/nonexistent/ckpt"));
+    assertEquals(second.loss, again.loss, 0.0, "step 2 after restoring the state");
+    assertEquals(model.keySet(), afterSecond.keySet());
+    for (String name : names) {
+      assertArrayEquals(afterSecond.get(name).toFloatArray(), s.getParameter(name).toFloatArray(),
+          name + " after step 2 repeated");
+    }
+    assertArrayEquals(new long[] {0, 3}, s.currentEpochStep());
+    expect(Status.IO, "/nonexistent/ckpt", () -> s.loadCheckpoint("/nonexistent/ckpt"));
+
+    // Checkpoint round trip: parameters and counters come back; remove deletes it.
+    String ckpt = Path.of(System.getProperty("java.io.tmpdir"), "junit_ckpt").toString();
+    s.saveCheckpoint(ckpt);
+    float[] saved = s.getParameter("wte.weight").toFloatArray();
+    s.trainingStep(3, tokens, targets);
+    assertFalse(Arrays.equals(saved, s.getParameter("wte.weight").toFloatArray()));
+    s.loadCheckpoint(ckpt);
+    assertArrayEquals(saved, s.getParameter("wte.weight").toFloatArray());
+    assertArrayEquals(new long[] {0, 3}, s.currentEpochStep());
+    s.removeCheckpoint(ckpt);
+    assertFalse(Files.exists(Path.of(ckpt)), ckpt + " still exists");
+    expect(Status.IO, "not an fsdp2 checkpoint",
+        () -> s.removeCheckpoint(System.getProperty("java.io.tmpdir")));
+
+    // teardown() drops the optimizer: training refuses, evaluation still works.
+    double before = s.validationStep(0, tokens, targets);
+    s.teardown();
+    expect(Status.WRONG_ORDER, "torn down", () -> s.trainingStep(2, tokens, targets));
+    expect(Status.WRONG_ORDER, "torn down", s::optimizerStateDict);
+    assertEquals(before, s.validationStep(0, tokens, targets), 0.0);
     s.close();
     expect(Status.INVALID_HANDLE, "closed", () -> s.trainingStep(0, tokens, targets));
   }
@@ -118,14 +182,16 @@ class FSDP2StrategyTest {
       pb.redirectOutput(new File(out + ".rank" + r + ".log"));
       procs.add(pb.start());
     }
-    for (int r = 0; r < world; ++r) {
-      Process p = procs.get(r);
-      if (!p.waitFor(240, TimeUnit.SECONDS)) {
-        for (Process q : procs) q.destroyForcibly();
-        throw new AssertionError(world + " JVMs timed out");
+    try {
+      for (int r = 0; r < world; ++r) {
+        Process p = procs.get(r);
+        if (!p.waitFor(240, TimeUnit.SECONDS)) throw new AssertionError(world + " JVMs timed out");
+        assertEquals(0, p.exitValue(), "rank " + r + " of " + world + ": "
+            + Files.readString(Path.of(out + ".rank" + r + ".log")));
       }
-      assertEquals(0, p.exitValue(),
-          "rank " + r + " of " + world + ": " + Files.readString(Path.of(out + ".rank" + r + ".log")));
+    } finally {
+      // A failed rank leaves the others waiting in a collective: stop them.
+      for (Process q : procs) q.destroyForcibly();
     }
     return Files.readAllLines(out);
   }

@@ -36,6 +36,15 @@ public final class TrainWorker {
   static FSDP2Strategy newStrategy(boolean deferred) {
     FSDP2Strategy s = FSDP2Strategy.builder().precision("fp32").seed(11).build();
     s.setupEnvironment();
+    // Two JVMs that each formed a world of one would train exactly like the
+    // one-rank run: make sure this one joined the world it was started in.
+    String rank = System.getenv("RANK"), world = System.getenv("WORLD_SIZE");
+    if (s.rank() != Integer.parseInt(rank) || s.worldSize() != Integer.parseInt(world)
+        || s.dataParallelSize() != s.worldSize()) {
+      throw new IllegalStateException("started as rank " + rank + " of " + world + ", joined as "
+          + s.rank() + " of " + s.worldSize() + " (data-parallel size " + s.dataParallelSize()
+          + ")");
+    }
     Model m;
     FSDP2Strategy.InitContext context = deferred ? s.tensorInitContext() : null;
     try {
