@@ -131,6 +131,20 @@ def test_unknown_option_raises_with_the_c_message():
         fsdp2.Optimizer(kind="lamb")
 
 
+def test_torchscript_errors_name_the_file_and_the_loss(tmp_path):
+    # Training a TorchScript model is tested in C (//c_api:torchscript_test);
+    # here: paths (str or PathLike) reach the library and its errors come back.
+    missing = tmp_path / "net.pt"
+    with pytest.raises(fsdp2.FileError, match=f"TorchScript file {missing} does not exist"):
+        fsdp2.Model.from_torchscript(missing)
+    not_zip = tmp_path / "net.txt"
+    not_zip.write_text("not a TorchScript archive")
+    with pytest.raises(fsdp2.FileError, match="cannot load TorchScript file .*net.txt"):
+        fsdp2.Model.from_torchscript(str(not_zip))
+    with pytest.raises(fsdp2.InvalidArgumentError, match='"mse" or "cross_entropy", got "hinge"'):
+        fsdp2.Model.from_torchscript(not_zip, loss="hinge")
+
+
 def test_calls_in_the_wrong_order_and_closed_handles(tmp_path):
     os.environ["FSDP2_STORE_PATH"] = str(tmp_path / "store")
     try:

@@ -1,8 +1,10 @@
-/* fsdp2/bindings/python/fsdp2_c.i
+/* fsdp2/bindings/python/fsdp2.i
  *
  * SWIG interface: the C ABI (c_api/fsdp2.h) as the private Python module
- * fsdp2.fsdp2_c. The hand-written package (fsdp2/__init__.py) is what users
- * import; this layer only converts:
+ * fsdp2.fsdp2_c over the C extension fsdp2._fsdp2_c. (Not "_fsdp2_c": SWIG
+ * would name the extension "__fsdp2_c", which Python mangles inside the
+ * generated class bodies.) The hand-written package (fsdp2/__init__.py) is
+ * what users import; this layer only converts:
  *  - every fsdp2_status_t into an exception built by the package's factory
  *    (fsdp2.Error subclasses carrying fsdp2_last_error()),
  *  - out-parameters (handles, counts, results) into return values,
