@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The Python example trains on 2 local ranks, its loss falls, and it leaves a
-# sharded checkpoint with both ranks' files; bad flags exit non-zero.
+# An example (C or Python; its program is the argument) trains on 2 local
+# ranks, its loss falls, and it leaves a sharded checkpoint with both ranks'
+# files; bad flags exit non-zero.
 set -uo pipefail
 train="$1"
 tmp="${TEST_TMPDIR:-/tmp}"
 out=$(timeout 300 "$train" --nproc 2 --steps 8 --ckpt-dir "$tmp/ckpt" 2>&1) || {
-  echo "FAIL: train_py exited non-zero"; echo "$out"; exit 1; }
+  echo "FAIL: $train exited non-zero"; echo "$out"; exit 1; }
 echo "$out"
 losses=$(echo "$out" | grep -o 'loss [0-9.]*' | grep -v validation | awk '{print $2}')
 first=$(echo "$losses" | head -1); last=$(echo "$losses" | sed -n 8p)
