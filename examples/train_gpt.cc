@@ -48,6 +48,7 @@ namespace fs = std::filesystem;
 
 struct Flags {
   int nproc = 2;
+  int tensor_parallel = 1;  // ranks per tensor-parallel group
   std::string strategy = "full_shard";
   int steps = 30;
   uint64_t seed = 1337;
@@ -76,9 +77,9 @@ struct Flags {
 };
 
 const char* kUsage =
-    "usage: train [--nproc N] [--strategy full_shard|shard_grad_op|no_shard|"
-    "hybrid_shard]\n"
-    "             [--steps N] [--seed N] [--batch-size N (per rank)]\n"
+    "usage: train [--nproc N] [--tensor-parallel N] [--strategy full_shard|"
+    "shard_grad_op|no_shard|hybrid_shard]\n"
+    "             [--steps N] [--seed N] [--batch-size N (per data-parallel rank)]\n"
     "             [--block-size N] [--n-layer N] [--n-embd N] [--n-head N]\n"
     "             [--data PATH|pystdlib|synthetic] [--vocab-size N (synthetic)]\n"
     "             [--lr X] [--mixed-precision fp32|bf16] [--grad-accum N]\n"
@@ -137,6 +138,7 @@ Flags ParseFlags(int argc, char** argv) {
     given.erase(it);
   };
   num("nproc", f.nproc);
+  num("tensor-parallel", f.tensor_parallel);
   str("strategy", f.strategy);
   num("steps", f.steps);
   num("seed", f.seed);
@@ -165,6 +167,14 @@ Flags ParseFlags(int argc, char** argv) {
   if (!given.empty()) Fail("unknown flag --" + given.begin()->first + " (see --help)");
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
+  if (f.tensor_parallel < 1 || f.nproc % f.tensor_parallel != 0) {
+    Fail("--tensor-parallel must divide --nproc (" + std::to_string(f.nproc) + "), got " +
+         std::to_string(f.tensor_parallel));
+  }
+  if (f.tensor_parallel > 1 && (!f.ckpt_dir.empty() || !f.resume.empty())) {
+    Fail("--ckpt-dir and --resume need --tensor-parallel 1: checkpoints of "
+         "tensor-parallel runs are not supported yet");
+  }
   if (f.steps < 1) Fail("--steps must be at least 1");
   if (f.batch_size < 1) Fail("--batch-size must be at least 1");
   if (f.grad_accum < 1) Fail("--grad-accum must be at least 1");
@@ -311,6 +321,8 @@ int RunRank(const Flags& f) {
                                     : (threads_env ? std::atoi(threads_env) : 1));
   strategy::FSDP2StrategyOptions options;
   options.sharding_strategy = fsdp::ParseShardingStrategy(f.strategy);
+  // Explicit: data parallelism over whatever tensor parallelism leaves.
+  options.tensor_parallel_size = strategy::ParallelSize::Of(f.tensor_parallel);
   options.mp_policy = f.mixed_precision == "bf16" ? strategy::DefaultMixedPrecision()
                                                   : fsdp::MixedPrecisionPolicy{};
   options.seed = f.seed;
@@ -324,7 +336,7 @@ int RunRank(const Flags& f) {
     setenv("LOCAL_WORLD_SIZE", std::to_string(std::max(1, f.nproc / 2)).c_str(), 1);
   }
   strategy.setup_environment();
-  const int rank = strategy.world()->rank(), n = strategy.world()->size();
+  const int rank = strategy.world()->rank();
 
   at::Tensor tokens = LoadTokens(f);
   models::GPTConfig config;
@@ -346,8 +358,9 @@ int RunRank(const Flags& f) {
   }
 
   auto [train_set, val_set] = Windows(f, tokens, config.vocab_size);
-  auto train = strategy.process_dataloader(train_set, int64_t{n} * f.batch_size);
-  auto val = strategy.process_dataloader(val_set, int64_t{n} * f.batch_size);
+  const int64_t global_batch = int64_t{strategy.data_parallel_size()} * f.batch_size;
+  auto train = strategy.process_dataloader(train_set, global_batch);
+  auto val = strategy.process_dataloader(val_set, global_batch);
 
   strategy::TrainerOptions trainer_options;
   trainer_options.max_steps = f.steps;
@@ -400,7 +413,8 @@ int RunRank(const Flags& f) {
     std::printf("data: %s (%lld training windows of %lld tokens); %d ranks x %lld "
                 "sequences x %d micro-batches; %s on %s; %s\n",
                 tokens.defined() ? f.data.c_str() : "synthetic",
-                (long long)train_set[0].size(0), (long long)f.block_size, n,
+                (long long)train_set[0].size(0), (long long)f.block_size,
+                strategy.data_parallel_size(),
                 (long long)f.batch_size, f.grad_accum,
                 fsdp::ToString(options.sharding_strategy),
                 strategy.mesh()->ToString().c_str(), f.mixed_precision.c_str());

@@ -28,6 +28,14 @@ if [[ $(wc -l < "$tmp/out2/metrics.csv") -ne 5 ]] || ! grep -q '<polyline' "$tmp
   echo "FAIL: expected metrics.csv (header + 4 steps) and a loss curve in --out-dir"; fail=1
 fi
 
+# Tensor parallelism: 2 ranks splitting every block (dp = 1, tp = 2) on the
+# same global batch print the same losses as one process.
+tp=$(run --nproc 2 --tensor-parallel 2 --batch-size 8 "${common[@]}" --out-dir "$tmp/otp") || { echo "tensor-parallel run failed"; echo "$tp"; exit 1; }
+ltp=$(echo "$tp" | losses)
+if [[ "$ltp" != "$l1" ]] || ! grep -q 'DeviceMesh(dp=1, tp=2)' <<<"$tp"; then
+  echo "FAIL: --nproc 2 --tensor-parallel 2 differs from --nproc 1:"; paste <(echo "$l1") <(echo "$ltp"); fail=1
+fi
+
 # Resume: 2 ranks train 2 steps and save; 1 rank resumes to step 4; the
 # losses of steps 3 and 4 equal the uninterrupted run's.
 first=$(run --nproc 2 --batch-size 4 "${common[@]}" --steps 2 --ckpt-dir "$tmp/ckpt" --out-dir "$tmp/o3") || { echo "$first"; exit 1; }
@@ -68,6 +76,8 @@ expect_error "unknown sharding strategy" --strategy zero3
 expect_error "needs an even --nproc" --nproc 3 --strategy hybrid_shard
 expect_error "no such checkpoint" --resume "$tmp/no_such_ckpt"
 expect_error "must be sharded or full" --checkpoint-format zip
+expect_error "--tensor-parallel must divide --nproc" --nproc 2 --tensor-parallel 3
+expect_error "need --tensor-parallel 1" --nproc 2 --tensor-parallel 2 --ckpt-dir "$tmp/tpckpt"
 
 if [[ $fail -ne 0 ]]; then exit 1; fi
 echo "examples_test: all checks passed"

@@ -697,10 +697,10 @@ TEST(FSDP2Strategy, BadOptionsSayWhatToChange) {
   expect_invalid(o, "gloo or nccl", false);
   o = Options();  // this test process is a world of 1
   o.data_parallel_size = strategy::ParallelSize::Of(2);
-  expect_invalid(o, "make the product equal the world size", true);
+  expect_invalid(o, "data_parallel_size 2 does not divide the world size 1", true);
   o = Options();
   o.tensor_parallel_size = strategy::ParallelSize::Of(2);
-  expect_invalid(o, "tensor_parallel_size = 1", true);
+  expect_invalid(o, "does not divide the world size", true);
   o = Options();
   o.sharding_strategy = fsdp::ShardingStrategy::kHybridShard;
   o.shard_group_size = 3;

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/fsdp/deferred_init.h"
 #include "core/fsdp/internal/module_access.h"
 #include "core/fsdp/internal/storage.h"
 
@@ -182,6 +183,11 @@ FSDPUnit::FSDPUnit(const std::shared_ptr<torch::nn::Module>& module,
           "; convert the module to one dtype first");
     }
   }
+  // Deferred (meta) parameters: compute on the device they will live on.
+  if (!params_.empty() && params_[0].compute.is_meta()) {
+    deferred_ = true;
+    device = internal::DeferredDevice(params_[0].compute).value_or(device);
+  }
   param_dtype_ = options_.mp_policy.param_dtype.value_or(own_dtype);
   reduce_dtype_ = options_.mp_policy.reduce_dtype.value_or(param_dtype_);
   compute_options_ = at::TensorOptions().dtype(param_dtype_).device(device);
@@ -221,7 +227,7 @@ FSDPUnit::FSDPUnit(const std::shared_ptr<torch::nn::Module>& module,
       internal::ModuleAccess::Parameters(*slot.first)[slot.second] = shard;
     }
     p.compute.set_requires_grad(false);
-    p.compute.set_data(at::empty({0}, compute_options_));
+    internal::AssignData(p.compute, at::empty({0}, compute_options_));
   }
   flat_numel_ = offset;
   if (!alias_shards_) {
@@ -383,6 +389,12 @@ void FSDPUnit::lazy_init_as_root() {
 }
 
 void FSDPUnit::pre_forward() {
+  if (deferred_) {
+    throw std::logic_error(
+        "fsdp::forward: the parameters of '" + module_->name() + "' are still "
+        "on the meta device (built under tensor_init_context()); call "
+        "fsdp::materialize_module(root) or FSDP2Strategy::parallelize() first");
+  }
   if (root_ == nullptr) lazy_init_as_root();  // the first unit entered
   if (is_root_) {
     if (!forward_order_.empty()) last_forward_order_ = forward_order_;

@@ -84,6 +84,10 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
                      const std::vector<at::Tensor>& unsharded_grads);
 
   void set_requires_gradient_sync(bool sync) { requires_grad_sync_ = sync; }
+  // Whether the shards are still meta tensors awaiting materialize_module()
+  // (which clears it); a deferred unit refuses to run.
+  bool deferred() const { return deferred_; }
+  void set_deferred(bool deferred) { deferred_ = deferred; }
   const std::vector<FSDPParam>& params() const { return params_; }
   // Every unit in this unit's module tree, this one first, in module order.
   std::vector<FSDPUnit*> units_in_tree() const;
@@ -136,6 +140,7 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   bool alias_shards_ = false;
   bool reshard_after_forward_ = true;
   bool requires_grad_sync_ = true;
+  bool deferred_ = false;  // see deferred()
 
   State state_ = State::kSharded;
   at::Tensor unsharded_;  // [world * flat_numel_], storage freed when sharded

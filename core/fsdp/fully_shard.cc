@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "core/fsdp/deferred_init.h"
 #include "core/fsdp/fsdp_unit.h"
 
 namespace fsdp2 {
@@ -94,6 +95,11 @@ std::shared_ptr<FSDPUnit> fully_shard(
     const std::shared_ptr<torch::nn::Module>& module,
     const FSDPOptions& options) {
   if (!module) throw std::invalid_argument("fully_shard: module is null");
+  if (DeferredInitGuard::active()) {
+    throw std::logic_error(
+        "fully_shard: called inside tensor_init_context(); leave the context "
+        "first, then shard (parallelize) the model");
+  }
   Registry& registry = GetRegistry();
   {
     std::lock_guard<std::mutex> lock(registry.mu);

@@ -87,7 +87,9 @@ class FSDPUnit;
 // module is already sharded, the options do not fit the mesh, its parameters
 // are on different devices, or one of its parameters is tied to a parameter
 // that another sharded module owns. A module with no parameters of its own is
-// allowed and communicates nothing.
+// allowed and communicates nothing. Deferred parameters (built under a
+// DeferredInitGuard, see deferred_init.h) are sharded by shape and stay on
+// meta until materialize_module(); std::logic_error inside a guard.
 std::shared_ptr<FSDPUnit> fully_shard(
     const std::shared_ptr<torch::nn::Module>& module,
     const FSDPOptions& options);

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "core/fsdp/fully_shard.h"
+#include "core/tp/parallelize.h"
 
 namespace fsdp2 {
 namespace models {
@@ -57,7 +58,7 @@ void InitLinear(torch::nn::Linear& linear, double std) {
 }  // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
-    : n_head_(config.n_head) {
+    : head_dim_(config.n_embd / config.n_head) {
   qkv = register_module(
       "qkv", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
   proj = register_module("proj",
@@ -68,11 +69,14 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  const int64_t hd = C / n_head_;
-  auto qkv_out = qkv->forward(x).split(C, /*dim=*/2);
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t hd = head_dim_;
+  at::Tensor qkv_all = tp::forward(qkv, x);  // [B, T, 3 * C_local]
+  const int64_t C = qkv_all.size(2) / 3;     // this rank's q (k, v) width
+  const int64_t H = C / hd;                  // this rank's heads
+  auto qkv_out = qkv_all.split(C, /*dim=*/2);
   auto heads = [&](const at::Tensor& t) {
-    return t.view({B, T, n_head_, hd}).transpose(1, 2);  // [B, H, T, hd]
+    return t.view({B, T, H, hd}).transpose(1, 2);  // [B, H, T, hd]
   };
   at::Tensor q = heads(qkv_out[0]), k = heads(qkv_out[1]),
              v = heads(qkv_out[2]);
@@ -82,7 +86,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   att = att.masked_fill(causal, -std::numeric_limits<double>::infinity());
   att = at::softmax(att, /*dim=*/-1);
   at::Tensor y = at::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
-  return proj->forward(y);
+  return tp::forward(proj, y);
 }
 
 BlockImpl::BlockImpl(const GPTConfig& config) {
@@ -101,7 +105,7 @@ BlockImpl::BlockImpl(const GPTConfig& config) {
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
   at::Tensor h = x + attn->forward(ln1->forward(x));
-  return h + fc_proj->forward(F::gelu(fc->forward(ln2->forward(h))));
+  return h + tp::forward(fc_proj, F::gelu(tp::forward(fc, ln2->forward(h))));
 }
 
 GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
@@ -117,6 +121,21 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   torch::NoGradGuard no_grad;
   torch::nn::init::normal_(wte->weight, 0.0, 0.02);
   torch::nn::init::normal_(wpe->weight, 0.0, 0.02);
+}
+
+tp::TensorParallelPlan GPTImpl::tensor_parallel_plan(int tp_size) const {
+  if (tp_size < 1 || config_.n_head % tp_size != 0) {
+    throw std::invalid_argument(
+        "GPT: tensor_parallel_size " + std::to_string(tp_size) +
+        " does not divide n_head " + std::to_string(config_.n_head) +
+        " (each tensor-parallel rank computes whole attention heads); choose "
+        "a tensor_parallel_size that divides n_head");
+  }
+  using tp::ParallelStyle;
+  return {{"blocks.*.attn.qkv", ParallelStyle::Colwise(false, /*fused_parts=*/3)},
+          {"blocks.*.attn.proj", ParallelStyle::Rowwise()},
+          {"blocks.*.fc", ParallelStyle::Colwise()},
+          {"blocks.*.fc_proj", ParallelStyle::Rowwise()}};
 }
 
 Block GPTImpl::block(size_t i) const {

@@ -4,7 +4,12 @@
 // token and position embeddings, n_layer pre-LayerNorm blocks (causal
 // self-attention and a GELU MLP, each with a residual), a final LayerNorm and
 // an LM head tied to the token embedding. Blocks are called through
-// fsdp::forward, so each block can be its own FSDP unit.
+// fsdp::forward, so each block can be its own FSDP unit, and the attention
+// and MLP projections through tp::forward, so they can be tensor-parallel:
+// GPT provides a tensor-parallel plan (q, k, v and the MLP's fc column-wise,
+// split by heads; the attention and MLP output projections row-wise;
+// embeddings, LayerNorms and the tied head replicated), and its attention
+// computes the heads whose q, k, v this rank holds.
 #ifndef FSDP2_CORE_MODELS_GPT_H_
 #define FSDP2_CORE_MODELS_GPT_H_
 
@@ -16,6 +21,8 @@
 #include <torch/nn/pimpl.h>
 
 #include <string>
+
+#include "core/tp/plan.h"
 
 namespace fsdp2 {
 namespace models {
@@ -38,12 +45,14 @@ struct GPTConfig {
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTConfig& config);
-  at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
+  // [B, T, C] -> [B, T, C]. Under tensor parallelism qkv yields this rank's
+  // heads (a multiple of head_dim per q, k and v) and proj sums over ranks.
+  at::Tensor forward(const at::Tensor& x);
 
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
 
  private:
-  int64_t n_head_;
+  int64_t head_dim_;
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -58,7 +67,8 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-class GPTImpl : public torch::nn::Module {
+class GPTImpl : public torch::nn::Module,
+                public tp::TensorParallelPlanProvider {
  public:
   explicit GPTImpl(const GPTConfig& config);
   // tokens: [B, T] int64 with T <= block_size. Returns logits [B, T, vocab].
@@ -66,6 +76,10 @@ class GPTImpl : public torch::nn::Module {
 
   const GPTConfig& config() const { return config_; }
   Block block(size_t i) const;
+  // Column-wise qkv (3 fused parts) and fc, row-wise proj and fc_proj.
+  // Throws std::invalid_argument unless tp_size divides n_head (each rank
+  // computes whole heads).
+  tp::TensorParallelPlan tensor_parallel_plan(int tp_size) const override;
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList blocks{nullptr};

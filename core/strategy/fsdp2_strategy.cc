@@ -4,6 +4,9 @@
 
 #include "core/checkpoint/full_checkpoint.h"
 #include "core/checkpoint/sharded_checkpoint.h"
+#include "core/tp/clip_grad.h"
+#include "core/tp/parallelize.h"
+#include "core/tp/state_dict.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -46,6 +49,21 @@ fsdp::MixedPrecisionPolicy DefaultMixedPrecision() {
 
 void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
                         const fsdp::FSDPOptions& options) {
+  const auto& mesh = options.mesh;
+  if (mesh && mesh->has_dim("tp") && mesh->size("tp") > 1) {
+    const int tp_size = mesh->size("tp");
+    auto* provider = dynamic_cast<tp::TensorParallelPlanProvider*>(model.get());
+    if (provider == nullptr) {
+      throw std::invalid_argument(
+          "FSDP2Strategy: tensor_parallel_size " + std::to_string(tp_size) +
+          " needs a tensor-parallel plan, but the model '" + model->name() +
+          "' does not implement tp::TensorParallelPlanProvider; implement it, "
+          "pass a parallelize_fn that calls tp::parallelize_module, or use "
+          "tensor_parallel_size = 1");
+    }
+    tp::parallelize_module(model, mesh->group("tp"),
+                           provider->tensor_parallel_plan(tp_size));
+  }
   // Lists deeper in the tree come later in modules(); shard them first so
   // units are applied bottom-up.
   std::vector<std::shared_ptr<torch::nn::Module>> lists;
@@ -121,29 +139,60 @@ void FSDP2Strategy::require(bool setup, bool parallelized,
   }
 }
 
+void FSDP2Strategy::require_optimizer(const char* what) const {
+  require(/*setup=*/true, /*parallelized=*/true, what);
+  if (!optimizer_) {
+    throw std::logic_error(std::string("FSDP2Strategy::") + what +
+                           ": the strategy was torn down (teardown() dropped the "
+                           "optimizer); create a new strategy to train again");
+  }
+}
+
 void FSDP2Strategy::setup_environment() {
   if (world_) throw std::logic_error("FSDP2Strategy: setup_environment() was already called");
   cluster_ = ClusterEnvironment::Detect();
   const int world = cluster_.world_size;
-  const int tp = options_.tensor_parallel_size.value.value_or(1);
-  if (tp != 1) {
-    throw std::invalid_argument(
-        "FSDP2Strategy: tensor_parallel_size " + std::to_string(tp) +
-        " needs tensor parallelism, which fsdp2 does not have yet; use "
-        "tensor_parallel_size = 1 (or \"auto\")");
+  // "auto" (see FSDP2StrategyOptions): both auto is plain data parallelism;
+  // one auto is what the other leaves of the world.
+  const auto& dp_opt = options_.data_parallel_size.value;
+  const auto& tp_opt = options_.tensor_parallel_size.value;
+  auto must_divide = [&](int given, const char* name, const char* other) {
+    if (world % given != 0) {
+      throw std::invalid_argument(
+          "FSDP2Strategy: " + std::string(name) + " " + std::to_string(given) +
+          " does not divide the world size " + std::to_string(world) + ", so " +
+          other + " \"auto\" has no value; choose a " + name +
+          " that divides " + std::to_string(world));
+    }
+    return world / given;
+  };
+  int dp = 0, tp = 0;
+  if (!dp_opt && !tp_opt) {
+    dp = world;
+    tp = 1;
+  } else if (!dp_opt) {
+    tp = *tp_opt;
+    dp = must_divide(tp, "tensor_parallel_size", "data_parallel_size");
+  } else if (!tp_opt) {
+    dp = *dp_opt;
+    tp = must_divide(dp, "data_parallel_size", "tensor_parallel_size");
+  } else {
+    dp = *dp_opt;
+    tp = *tp_opt;
   }
-  if (world % tp != 0) {
-    throw std::invalid_argument("FSDP2Strategy: the world size " + std::to_string(world) +
-                                " is not a multiple of tensor_parallel_size " +
-                                std::to_string(tp));
-  }
-  const int dp = options_.data_parallel_size.value.value_or(world / tp);
   if (dp * tp != world) {
     throw std::invalid_argument(
         "FSDP2Strategy: data_parallel_size (" + std::to_string(dp) +
         ") x tensor_parallel_size (" + std::to_string(tp) + ") = " +
         std::to_string(dp * tp) + ", but the job has " + std::to_string(world) +
         " ranks; make the product equal the world size or use \"auto\"");
+  }
+  if (tp > 1 && options_.sharding_strategy == fsdp::ShardingStrategy::kHybridShard) {
+    throw std::invalid_argument(
+        "FSDP2Strategy: HYBRID_SHARD with tensor_parallel_size " +
+        std::to_string(tp) + " is not supported (its replicate x shard mesh "
+        "spans the whole world); use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD "
+        "with tensor parallelism, or tensor_parallel_size = 1");
   }
   int shard = 0;
   if (options_.sharding_strategy == fsdp::ShardingStrategy::kHybridShard) {
@@ -180,6 +229,16 @@ void FSDP2Strategy::connect(std::shared_ptr<TrainingModule> module) {
   module_ = std::move(module);
 }
 
+fsdp::DeferredInitGuard FSDP2Strategy::tensor_init_context() const {
+  require(/*setup=*/true, /*parallelized=*/false, "tensor_init_context");
+  if (parallelized_) {
+    throw std::logic_error(
+        "FSDP2Strategy::tensor_init_context: the model is already "
+        "parallelized; build models under the context before parallelize()");
+  }
+  return fsdp::DeferredInitGuard();
+}
+
 void FSDP2Strategy::parallelize() {
   require(/*setup=*/true, /*parallelized=*/false, "parallelize");
   if (!module_) throw std::logic_error("FSDP2Strategy::parallelize: call connect() first");
@@ -187,6 +246,11 @@ void FSDP2Strategy::parallelize() {
     std::cerr << "fsdp2: FSDP2Strategy::parallelize() was already applied; "
                  "ignoring this call\n";
     return;
+  }
+  if (fsdp::DeferredInitGuard::active()) {
+    throw std::logic_error(
+        "FSDP2Strategy::parallelize: called inside tensor_init_context(); "
+        "let the context end (close its scope) first");
   }
   fsdp::FSDPOptions fsdp_options;
   fsdp_options.mesh = fsdp_mesh_;
@@ -199,7 +263,19 @@ void FSDP2Strategy::parallelize() {
   }
   const ParallelizeFn& fn =
       options_.parallelize_fn ? options_.parallelize_fn : DefaultParallelize;
+  if (tp_size_ > 1 && fsdp::has_deferred_tensors(*module_->module())) {
+    // Materialisation replays each tensor at its full size and keeps FSDP's
+    // rows; it does not know tensor-parallel blocks yet.
+    throw std::invalid_argument(
+        "FSDP2Strategy::parallelize: a model built under tensor_init_context() "
+        "cannot be tensor-parallel yet (tensor_parallel_size " +
+        std::to_string(tp_size_) + "); build it eagerly or use "
+        "tensor_parallel_size = 1");
+  }
   fn(module_->module(), fsdp_options);
+  if (fsdp::has_deferred_tensors(*module_->module())) {
+    fsdp::materialize_module(*module_->module());
+  }
   optimizer_ = module_->configure_optimizers();
   if (!optimizer_) {
     throw std::logic_error("FSDP2Strategy::parallelize: configure_optimizers() returned null");
@@ -216,7 +292,7 @@ at::Tensor FSDP2Strategy::apply_loss_reduction(StepType step, const Batch& batch
 }
 
 at::Tensor FSDP2Strategy::training_step(const Batch& batch, int64_t batch_idx) {
-  require(true, true, "training_step");
+  require_optimizer("training_step");
   if (pending_optimizer_state_) {
     // Deferred restoration: the optimizer has state only now.
     torch::serialize::InputArchive archive;
@@ -242,10 +318,12 @@ void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
 }
 
 double FSDP2Strategy::optimizer_step(double max_grad_norm) {
-  require(true, true, "optimizer_step");
-  const double norm = max_grad_norm > 0
-                          ? fsdp::clip_grad_norm_(*module_->module(), max_grad_norm)
-                          : 0.0;
+  require_optimizer("optimizer_step");
+  double norm = 0.0;
+  if (max_grad_norm > 0) {
+    norm = tp_size_ > 1 ? tp::clip_grad_norm_(*module_->module(), max_grad_norm)
+                        : fsdp::clip_grad_norm_(*module_->module(), max_grad_norm);
+  }
   optimizer_->step();
   optimizer_->zero_grad();
   ++global_step_;
@@ -298,7 +376,7 @@ DataLoader FSDP2Strategy::process_dataloader(Batch dataset,
 }
 
 std::string FSDP2Strategy::optimizer_state_dict() const {
-  require(true, true, "optimizer_state_dict");
+  require_optimizer("optimizer_state_dict");
   torch::serialize::OutputArchive archive;
   optimizer_->save(archive);
   std::ostringstream out;
@@ -317,6 +395,7 @@ std::vector<std::pair<std::string, at::Tensor>>
 FSDP2Strategy::lightning_module_state_dict(bool rank0_only) {
   require(true, true, "lightning_module_state_dict");
   auto state = fsdp::full_state_dict(*module_->module());
+  tp::gather_tensor_parallel(*module_->module(), state);
   if (rank0_only && world_->rank() != 0) state.clear();
   return state;
 }
@@ -324,11 +403,24 @@ FSDP2Strategy::lightning_module_state_dict(bool rank0_only) {
 void FSDP2Strategy::load_model_state_dict(
     const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
   require(true, true, "load_model_state_dict");
-  fsdp::load_full_state_dict(*module_->module(), state, strict);
+  fsdp::load_full_state_dict(*module_->module(),
+                             tp::local_state_dict(*module_->module(), state), strict);
+}
+
+void FSDP2Strategy::refuse_tensor_parallel_checkpoint(const char* what) const {
+  if (tp_size_ > 1) {
+    throw std::invalid_argument(
+        std::string("FSDP2Strategy::") + what + ": checkpoints with "
+        "tensor_parallel_size " + std::to_string(tp_size_) + " are not "
+        "supported yet (the checkpoint formats hold FSDP row shards only); "
+        "use tensor_parallel_size = 1, or save and load the model with "
+        "lightning_module_state_dict() / load_model_state_dict()");
+  }
 }
 
 void FSDP2Strategy::save_checkpoint(const std::string& path) {
-  require(true, true, "save_checkpoint");
+  require_optimizer("save_checkpoint");
+  refuse_tensor_parallel_checkpoint("save_checkpoint");
   const std::map<std::string, std::string> progress = {
       {"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}};
   if (options_.checkpoint_format == "full") {
@@ -340,7 +432,8 @@ void FSDP2Strategy::save_checkpoint(const std::string& path) {
 }
 
 void FSDP2Strategy::load_checkpoint(const std::string& path) {
-  require(true, true, "load_checkpoint");
+  require_optimizer("load_checkpoint");
+  refuse_tensor_parallel_checkpoint("load_checkpoint");
   // Sharded checkpoints are directories (possibly mid-swap: DIR.old).
   const bool sharded = std::filesystem::is_directory(path) ||
                        std::filesystem::is_directory(path + ".old") ||
@@ -393,7 +486,7 @@ int FSDP2Strategy::data_parallel_rank() const {
 }
 
 torch::optim::Optimizer& FSDP2Strategy::optimizer() {
-  require(true, true, "optimizer");
+  require_optimizer("optimizer");
   return *optimizer_;
 }
 

@@ -35,6 +35,7 @@
 
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
+#include "core/fsdp/deferred_init.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/distributed_sampler.h"
@@ -53,14 +54,21 @@ struct ParallelSize {
   std::string ToString() const;
 };
 
-// Applies FSDP (and, later, tensor parallelism) to the model. Called once by
-// parallelize() with the options the strategy derived.
+// Applies tensor parallelism and FSDP to the model. Called once by
+// parallelize() with the options the strategy derived: options.mesh is the
+// (dp, tp) mesh with shard_dim "dp" (or, for HYBRID_SHARD, a (replicate,
+// shard) mesh of the data-parallel ranks), so a parallelize_fn reaches the
+// tensor-parallel group as options.mesh->group("tp") when it has that dim.
 using ParallelizeFn = std::function<void(
     const std::shared_ptr<torch::nn::Module>& model,
     const fsdp::FSDPOptions& options)>;
 
-// The reference fsdp2_strategy_parallelize: every child of every ModuleList
-// in the model becomes its own unit (transformer blocks), then the root.
+// The reference fsdp2_strategy_parallelize. When the mesh has a "tp" dim of
+// size > 1, first tp::parallelize_module over it with the model's own plan
+// (the model must implement tp::TensorParallelPlanProvider, as GPT does;
+// std::invalid_argument otherwise). Then FSDP: every child of every
+// ModuleList in the model becomes its own unit (transformer blocks), then
+// the root.
 void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
                         const fsdp::FSDPOptions& options);
 
@@ -69,10 +77,22 @@ void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
 fsdp::MixedPrecisionPolicy DefaultMixedPrecision();
 
 struct FSDP2StrategyOptions {
-  // data x tensor parallel ranks must equal the world size. auto: the tensor
-  // parallel size is 1 (fsdp2 has no tensor-parallel layer yet, where NeMo's
-  // auto puts every process of a node in one tensor-parallel group) and the
-  // data-parallel size is whatever remains.
+  // The (dp, tp) device mesh: data_parallel_size x tensor_parallel_size
+  // must equal the world size; ranks are laid out row-major, so the
+  // tensor-parallel ranks of one group are neighbours (one node). "auto":
+  //  - both auto: dp = world size, tp = 1. This is where fsdp2 departs from
+  //    NeMo, whose auto is dp = number of nodes, tp = processes per node
+  //    (one node: dp = 1, tp = world). Tensor parallelism needs a model
+  //    plan (tp::TensorParallelPlanProvider) and costs two all-reduces of
+  //    activations per block, which on CPU/Gloo outweighs what it saves, so
+  //    fsdp2 keeps plain FSDP data parallelism unless asked: for NeMo's
+  //    layout set tensor_parallel_size to the processes per node.
+  //  - one auto: it is world size / the other (which must divide it).
+  // A tensor_parallel_size > 1 needs tensor-parallel layers (the default
+  // parallelize_fn takes the model's plan) and, with HYBRID_SHARD, is
+  // refused. Bad combinations throw std::invalid_argument from
+  // setup_environment() (sizes) or parallelize() (the model's split) with
+  // what to change.
   ParallelSize data_parallel_size;
   ParallelSize tensor_parallel_size;
   // Shuffling, seed and drop-last of process_dataloader()'s sampler.
@@ -121,8 +141,22 @@ class FSDP2Strategy {
   // (dp, tp) device mesh and seeds every rank alike.
   void setup_environment();
   void connect(std::shared_ptr<TrainingModule> module);
-  // Applies parallelize_fn once and builds the optimizer. A second call
-  // warns on stderr and does nothing.
+  // Lightning's tensor_init_context(): while the returned guard lives,
+  // tensors this thread creates are deferred (meta tensors, no memory; see
+  // core/fsdp/deferred_init.h), so a model larger than one rank's memory can
+  // be built:
+  //   { auto init = strategy.tensor_init_context();
+  //     module = std::make_shared<MyModule>(); }
+  //   strategy.connect(module);
+  //   strategy.parallelize();  // shards, then allocates this rank's rows
+  // The parameters come out bit-identical to an eager build after the same
+  // seed. Call after setup_environment() (which seeds); throws
+  // std::logic_error otherwise or after parallelize().
+  fsdp::DeferredInitGuard tensor_init_context() const;
+  // Applies parallelize_fn once, materialises deferred parameters and
+  // buffers (each rank allocates only its rows of sharded parameters) and
+  // builds the optimizer. A second call warns on stderr and does nothing.
+  // Throws std::logic_error inside tensor_init_context().
   void parallelize();
 
   // Runs the module's training step (first applying an optimizer state
@@ -132,7 +166,8 @@ class FSDP2Strategy {
   // Backpropagates `loss`. With sync off (gradient accumulation), gradients
   // accumulate locally without communication.
   void backward(const at::Tensor& loss, bool sync_gradients = true);
-  // Clips gradients to a global norm (if max_grad_norm > 0), steps the
+  // Clips gradients to a global norm over all shards and tensor-parallel
+  // blocks, replicated parameters counted once (if max_grad_norm > 0), steps the
   // optimizer, zeroes gradients and counts the step. Returns the norm
   // before clipping (0 when not clipping).
   double optimizer_step(double max_grad_norm = 0);
@@ -153,17 +188,23 @@ class FSDP2Strategy {
   void load_optimizer_state_dict(std::string state);
   bool has_pending_optimizer_state() const { return pending_optimizer_state_.has_value(); }
 
-  // Full (unsharded) parameters by name. Collective; with rank0_only the
-  // other ranks get an empty list.
+  // Full (unsharded) parameters by name, gathered over data- and
+  // tensor-parallel ranks: the names and shapes of the model before
+  // parallelize(). Collective; with rank0_only the other ranks get an empty
+  // list.
   std::vector<std::pair<std::string, at::Tensor>> lightning_module_state_dict(
       bool rank0_only = false);
-  // Shards a full state dict into the live model (each rank keeps its rows).
+  // Shards a full state dict (as lightning_module_state_dict gives it, from
+  // any (dp, tp) layout) into the live model: each rank keeps its block.
   void load_model_state_dict(
       const std::vector<std::pair<std::string, at::Tensor>>& state,
       bool strict = true);
 
   // Model, optimizer and step counters, written atomically in
   // options().checkpoint_format (see core/checkpoint/*_checkpoint.h).
+  // With tensor_parallel_size > 1 both refuse (std::invalid_argument): the
+  // checkpoint formats describe FSDP's row shards only. Save the model with
+  // lightning_module_state_dict() (full tensors) meanwhile.
   void save_checkpoint(const std::string& path);
   // Loads a checkpoint of either format (a directory is sharded, a file
   // full) saved on any number of ranks into the parallelized model and
@@ -200,6 +241,10 @@ class FSDP2Strategy {
 
  private:
   void require(bool setup, bool parallelized, const char* what) const;
+  // As require(true, true, what), and the optimizer is still there (no
+  // teardown() since).
+  void require_optimizer(const char* what) const;
+  void refuse_tensor_parallel_checkpoint(const char* what) const;
   at::Tensor apply_loss_reduction(StepType step, const Batch& batch,
                                   at::Tensor output);
   at::Tensor evaluation_step(StepType step, const Batch& batch, int64_t idx);

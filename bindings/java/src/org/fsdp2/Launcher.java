@@ -1,0 +1,35 @@
+package org.fsdp2;
+
+import java.util.ArrayList;
+import java.util.List;
+import org.fsdp2.internal.Fsdp2Native;
+
+/** Running a Java program as several local ranks. */
+public final class Launcher {
+  private Launcher() {}
+
+  /** True in a process started as one rank (RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK set). */
+  public static boolean isRankProcess() {
+    Native.init();
+    int[] out = new int[1];
+    Native.check(Fsdp2Native.fsdp2j_is_rank_process(out));
+    return out[0] != 0;
+  }
+
+  /**
+   * Runs this JVM's command line again as {@code nproc} local ranks and
+   * waits; returns 0 when every rank succeeded, else the first failing
+   * rank's exit code.
+   */
+  public static int launchLocal(int nproc) {
+    Native.init();
+    ProcessHandle.Info info = ProcessHandle.current().info();
+    List<String> argv = new ArrayList<>();
+    argv.add(info.command().orElseThrow(
+        () -> new IllegalStateException("cannot read this JVM's command line")));
+    for (String a : info.arguments().orElse(new String[0])) argv.add(a);
+    int[] code = new int[1];
+    Native.check(Fsdp2Native.fsdp2j_launch_local(nproc, 0, argv.toArray(new String[0]), code));
+    return code[0];
+  }
+}

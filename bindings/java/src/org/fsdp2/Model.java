@@ -1,0 +1,75 @@
+package org.fsdp2;
+
+import java.util.LinkedHashMap;
+import java.util.Map;
+import org.fsdp2.internal.Fsdp2Native;
+
+/**
+ * A model the strategy trains: the GPT-style decoder (batch: tokens and
+ * targets, [B, T] integers), the residual MLP (batch: x [B, in] float and y
+ * [B, out] float or [B] int), or a TorchScript file (one FSDP unit).
+ */
+public final class Model extends Handle {
+  private Model(long handle) {
+    super(handle);
+  }
+
+  /** Set by FSDP2Strategy#tensorInitContext on this thread. */
+  static final ThreadLocal<FSDP2Strategy> INIT_CONTEXT = new ThreadLocal<>();
+
+  /**
+   * From a JSON configuration, e.g. {"family": "gpt", "n_layer": 2}; built
+   * deferred inside a strategy's tensorInitContext().
+   */
+  public static Model fromConfig(String json) {
+    Native.init();
+    long[] out = new long[1];
+    FSDP2Strategy deferred = INIT_CONTEXT.get();
+    if (deferred != null) {
+      Native.check(Fsdp2Native.fsdp2j_model_create_deferred(deferred.nativeHandle(), json, out));
+    } else {
+      Native.check(Fsdp2Native.fsdp2j_model_create(json, out));
+    }
+    return new Model(out[0]);
+  }
+
+  /** The GPT with the given sizes (vocab_size, block_size, n_layer, n_head, n_embd). */
+  public static Model gpt(Map<String, Object> sizes) {
+    Map<String, Object> config = new LinkedHashMap<>();
+    config.put("family", "gpt");
+    config.putAll(sizes);
+    return fromConfig(Native.jsonObject(config));
+  }
+
+  /** The MLP with the given sizes (in_features, hidden, out_features, depth). */
+  public static Model mlp(Map<String, Object> sizes) {
+    Map<String, Object> config = new LinkedHashMap<>();
+    config.put("family", "mlp");
+    config.putAll(sizes);
+    return fromConfig(Native.jsonObject(config));
+  }
+
+  /** A TorchScript file; loss is "mse" or "cross_entropy". */
+  public static Model fromTorchScript(String path, String loss) {
+    Native.init();
+    long[] out = new long[1];
+    Native.check(Fsdp2Native.fsdp2j_model_load_torchscript(path, loss, out));
+    return new Model(out[0]);
+  }
+
+  /** {parameter tensors, elements}, global sizes. */
+  public long[] numParameters() {
+    long[] values = new long[2];
+    Native.check(Fsdp2Native.fsdp2j_model_num_parameters(handle(), values));
+    return values;
+  }
+
+  long nativeHandle() {
+    return handle();
+  }
+
+  @Override
+  void destroy(long handle) {
+    Fsdp2Native.fsdp2j_model_destroy(handle);
+  }
+}

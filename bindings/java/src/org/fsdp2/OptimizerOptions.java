@@ -1,0 +1,47 @@
+package org.fsdp2;
+
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+/** How the strategy builds the optimizer over the local shards (AdamW by default). */
+public final class OptimizerOptions {
+  private final Map<String, Object> options = new LinkedHashMap<>();
+
+  public static OptimizerOptions adamw() {
+    return new OptimizerOptions().set("kind", "adamw");
+  }
+
+  public static OptimizerOptions adam() {
+    return new OptimizerOptions().set("kind", "adam");
+  }
+
+  public static OptimizerOptions sgd() {
+    return new OptimizerOptions().set("kind", "sgd");
+  }
+
+  public OptimizerOptions lr(double lr) {
+    return set("lr", lr);
+  }
+
+  public OptimizerOptions betas(double beta1, double beta2) {
+    return set("beta1", beta1).set("beta2", beta2);
+  }
+
+  public OptimizerOptions weightDecay(double weightDecay) {
+    return set("weight_decay", weightDecay);
+  }
+
+  public OptimizerOptions momentum(double momentum) {
+    return set("momentum", momentum);
+  }
+
+  /** Any option by its C name; unknown names fail at connect with the C message. */
+  public OptimizerOptions set(String key, Object value) {
+    options.put(key, value);
+    return this;
+  }
+
+  String toJson() {
+    return Native.jsonObject(options);
+  }
+}

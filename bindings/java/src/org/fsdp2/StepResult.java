@@ -1,0 +1,17 @@
+package org.fsdp2;
+
+/** What one training step did. */
+public final class StepResult {
+  /** Mean over micro-batches and data-parallel ranks. */
+  public final double loss;
+  /** Global gradient norm before clipping (0 without clipping). */
+  public final double gradNorm;
+  /** Optimizer steps taken so far. */
+  public final long step;
+
+  StepResult(double[] values) {
+    this.loss = values[0];
+    this.gradNorm = values[1];
+    this.step = (long) values[2];
+  }
+}

@@ -1,0 +1,221 @@
+package org.fsdp2;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.File;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The Java bindings: errors carry the C message, handles are AutoCloseable,
+ * data crosses in direct buffers, and two JVMs train like one.
+ */
+class FSDP2StrategyTest {
+  private static void expect(int status, String text, Runnable call) {
+    FSDP2Exception e = assertThrows(FSDP2Exception.class, call::run);
+    assertEquals(status, e.status(), e.getMessage());
+    assertTrue(e.getMessage().contains(text), e.getMessage() + " lacks " + text);
+  }
+
+  @Test
+  void badOptionsThrowWithTheCMessage() {
+    expect(Status.INVALID_ARGUMENT, "unknown option \"data_paralel_size\"",
+        () -> FSDP2Strategy.builder().set("data_paralel_size", 2).build());
+    expect(Status.INVALID_ARGUMENT, "full_shard",
+        () -> FSDP2Strategy.builder().shardingStrategy("zero3").build());
+    expect(Status.INVALID_ARGUMENT, "\"data_parallel_size\" must be \"auto\" or a positive integer",
+        () -> FSDP2Strategy.builder().dataParallelSize("two").build());
+    expect(Status.INVALID_ARGUMENT, "nccl",
+        () -> FSDP2Strategy.builder().backend("mpi").build());
+    // Every typed setter names an option the library knows.
+    FSDP2Strategy.builder().dataParallelSize("auto").tensorParallelSize(1)
+        .shardingStrategy("hybrid_shard").shardGroupSize(1).reshardAfterForward(false)
+        .precision("fp32").cpuOffload(false).backend("gloo").timeoutMs(60000)
+        .checkpointFormat("full").seed(3).shuffle(false).dropLast(false).build().close();
+    expect(Status.INVALID_ARGUMENT, "unknown model family",
+        () -> Model.fromConfig("{\"family\": \"rnn\"}"));
+    expect(Status.INVALID_ARGUMENT, "not valid JSON", () -> Model.fromConfig("{\"family\""));
+    expect(Status.IO, "does not exist", () -> Model.fromTorchScript("/nonexistent.pt", "mse"));
+  }
+
+  @Test
+  void closedHandlesThrow() {
+    Model m = Model.mlp(Map.of("in_features", 3, "hidden", 4, "out_features", 2, "depth", 1));
+    assertArrayEquals(new long[] {10, 110}, m.numParameters());
+    m.close();
+    m.close();  // twice is fine
+    assertTrue(m.isClosed());
+    expect(Status.INVALID_HANDLE, "closed", m::numParameters);
+  }
+
+  /**
+   * The JNI helpers' own limits (FSDP2_MAX_DIMS dimensions, 16 tensors per
+   * batch) are checked in Java: a helper's refusal would carry no C message,
+   * only a stale one from an earlier failed call.
+   */
+  @Test
+  void tensorsBeyondTheHelpersLimitsAreRefusedInJava() {
+    expect(Status.INVALID_ARGUMENT, "not valid JSON", () -> Model.fromConfig("{"));
+    IllegalArgumentException dims = assertThrows(IllegalArgumentException.class,
+        () -> Tensor.zeros(Tensor.FLOAT32, 1, 1, 1, 1, 1, 1, 1, 1, 1));
+    assertTrue(dims.getMessage().contains("at most 8 dimensions"), dims.getMessage());
+    Tensor[] many = new Tensor[17];
+    for (int i = 0; i < many.length; ++i) many[i] = Tensor.zeros(Tensor.FLOAT32, 1);
+    IllegalArgumentException count = assertThrows(IllegalArgumentException.class,
+        () -> new Batch(many).close());
+    assertTrue(count.getMessage().contains("at most 16 tensors"), count.getMessage());
+  }
+
+  /** One strategy in this JVM (a world of one, through FSDP2_STORE_PATH). */
+  @Test
+  void trainingOrderArraysAndState() {
+    long[][] g = TrainWorker.globalBatch(0);
+    Tensor tokens = Tensor.ofLongs(g[0], TrainWorker.ROWS, TrainWorker.BLOCK);
+    Tensor targets = Tensor.ofLongs(g[1], TrainWorker.ROWS, TrainWorker.BLOCK);
+    FSDP2Strategy s = FSDP2Strategy.builder().precision("fp32").build();
+    expect(Status.WRONG_ORDER, "setup_environment", s::parallelize);
+    s.setupEnvironment();
+    expect(Status.WRONG_ORDER, "parallelize", () -> s.trainingStep(0, tokens, targets));
+    try (Model m = Model.gpt(Map.of("vocab_size", 32, "block_size", 8, "n_layer", 2,
+        "n_head", 2, "n_embd", 16))) {
+      s.connect(m, OptimizerOptions.adamw().lr(0.01));
+    }
+    s.parallelize();
+
+    Tensor floats = Tensor.zeros(Tensor.FLOAT32, TrainWorker.ROWS, TrainWorker.BLOCK);
+    expect(Status.SHAPE, "integer tensor", () -> s.trainingStep(0, floats, targets));
+    expect(Status.SHAPE, "micro-batches", () -> s.trainingStep(0, 5, 0.0, tokens, targets));
+    StepResult r = s.trainingStep(0, tokens, targets);
+    assertTrue(r.loss > 0 && r.loss < 10 && r.step == 1, "loss " + r.loss);
+    assertTrue(s.validationStep(0, tokens, targets) > 0);
+    Tensor logits = s.predictStep(0, tokens);
+    assertArrayEquals(new long[] {TrainWorker.ROWS, TrainWorker.BLOCK, 32}, logits.shape());
+
+    List<String> names = s.parameterNames();
+    assertEquals("wte.weight", names.get(0));
+    Tensor wpe = s.getParameter("wpe.weight");
+    assertArrayEquals(new long[] {8, 16}, wpe.shape());
+    float[] values = new float[8 * 16];
+    for (int i = 0; i < values.length; ++i) values[i] = i / 100f;
+    s.setParameter("wpe.weight", Tensor.ofFloats(values, 8, 16));
+    assertArrayEquals(values, s.getParameter("wpe.weight").toFloatArray());
+    expect(Status.SHAPE, "dtype",
+        () -> s.setParameter("wpe.weight", Tensor.zeros(Tensor.FLOAT64, 8, 16)));
+    expect(Status.INVALID_ARGUMENT, "no parameter named", () -> s.getParameter("wpe.bias"));
+
+    // State round trip: the model and optimizer state taken after step 1 and
+    // restored after step 2 make step 2 repeat bit for bit (same loss, same
+    // parameters after it: AdamW's moments and step count came back too).
+    Map<String, Tensor> model = s.lightningModuleStateDict();
+    byte[] state = s.optimizerStateDict();
+    assertTrue(state.length > 100);
+    long[][] g1 = TrainWorker.globalBatch(1);
+    Tensor tokens1 = Tensor.ofLongs(g1[0], TrainWorker.ROWS, TrainWorker.BLOCK);
+    Tensor targets1 = Tensor.ofLongs(g1[1], TrainWorker.ROWS, TrainWorker.BLOCK);
+    StepResult second = s.trainingStep(1, tokens1, targets1);
+    Map<String, Tensor> afterSecond = s.lightningModuleStateDict();
+    s.loadModelStateDict(model);
+    s.loadOptimizerStateDict(state);
+    assertTrue(s.hasPendingOptimizerState());
+    StepResult again = s.trainingStep(1, tokens1, targets1);
+    assertFalse(s.hasPendingOptimizerState());
+    assertEquals(second.loss, again.loss, 0.0, "step 2 after restoring the state");
+    assertEquals(model.keySet(), afterSecond.keySet());
+    for (String name : names) {
+      assertArrayEquals(afterSecond.get(name).toFloatArray(), s.getParameter(name).toFloatArray(),
+          name + " after step 2 repeated");
+    }
+    assertArrayEquals(new long[] {0, 3}, s.currentEpochStep());
+    expect(Status.IO, "/nonexistent/ckpt", () -> s.loadCheckpoint("/nonexistent/ckpt"));
+
+    // Checkpoint round trip: parameters and counters come back; remove deletes it.
+    String ckpt = Path.of(System.getProperty("java.io.tmpdir"), "junit_ckpt").toString();
+    s.saveCheckpoint(ckpt);
+    float[] saved = s.getParameter("wte.weight").toFloatArray();
+    s.trainingStep(3, tokens, targets);
+    assertFalse(Arrays.equals(saved, s.getParameter("wte.weight").toFloatArray()));
+    s.loadCheckpoint(ckpt);
+    assertArrayEquals(saved, s.getParameter("wte.weight").toFloatArray());
+    assertArrayEquals(new long[] {0, 3}, s.currentEpochStep());
+    s.removeCheckpoint(ckpt);
+    assertFalse(Files.exists(Path.of(ckpt)), ckpt + " still exists");
+    expect(Status.IO, "not an fsdp2 checkpoint",
+        () -> s.removeCheckpoint(System.getProperty("java.io.tmpdir")));
+
+    // teardown() drops the optimizer: training refuses, evaluation still works.
+    double before = s.validationStep(0, tokens, targets);
+    s.teardown();
+    expect(Status.WRONG_ORDER, "torn down", () -> s.trainingStep(2, tokens, targets));
+    expect(Status.WRONG_ORDER, "torn down", s::optimizerStateDict);
+    assertEquals(before, s.validationStep(0, tokens, targets), 0.0);
+    s.close();
+    expect(Status.INVALID_HANDLE, "closed", () -> s.trainingStep(0, tokens, targets));
+  }
+
+  private static List<String> runRanks(int world, Path out, int steps, String... extra)
+      throws Exception {
+    Path store = Files.createTempFile(out.getParent(), "store", "");
+    Files.delete(store);
+    List<Process> procs = new ArrayList<>();
+    for (int r = 0; r < world; ++r) {
+      ProcessBuilder pb = new ProcessBuilder(
+          ProcessHandle.current().info().command().orElse("java"),
+          "-Dfsdp2.jni=" + System.getProperty("fsdp2.jni"),
+          "-cp", System.getProperty("fsdp2.classpath"), "org.fsdp2.TrainWorker",
+          out.toString(), Integer.toString(steps));
+      pb.command().addAll(List.of(extra));
+      pb.environment().put("RANK", Integer.toString(r));
+      pb.environment().put("WORLD_SIZE", Integer.toString(world));
+      pb.environment().put("FSDP2_STORE_PATH", store.toString());
+      pb.environment().put("OMP_NUM_THREADS", "1");
+      pb.redirectErrorStream(true);
+      pb.redirectOutput(new File(out + ".rank" + r + ".log"));
+      procs.add(pb.start());
+    }
+    try {
+      for (int r = 0; r < world; ++r) {
+        Process p = procs.get(r);
+        if (!p.waitFor(240, TimeUnit.SECONDS)) throw new AssertionError(world + " JVMs timed out");
+        assertEquals(0, p.exitValue(), "rank " + r + " of " + world + ": "
+            + Files.readString(Path.of(out + ".rank" + r + ".log")));
+      }
+    } finally {
+      // A failed rank leaves the others waiting in a collective: stop them.
+      for (Process q : procs) q.destroyForcibly();
+    }
+    return Files.readAllLines(out);
+  }
+
+  @Test
+  void twoJvmsTrainLikeOne() throws Exception {
+    Path dir = Files.createTempDirectory(Path.of(System.getProperty("java.io.tmpdir")), "jvms");
+    List<String> one = runRanks(1, dir.resolve("one.txt"), 4);
+    List<String> two = runRanks(2, dir.resolve("two.txt"), 4);
+    // Built under tensorInitContext(): bit-identical to the eager build.
+    List<String> deferred = runRanks(2, dir.resolve("deferred.txt"), 4, "deferred");
+    assertEquals(two, deferred, "a deferred build trains differently from an eager one");
+    assertEquals(one.size(), two.size());
+    assertTrue(one.size() > 4 + 100, "values: " + one.size());
+    double first = Double.parseDouble(one.get(0).substring(5));
+    double last = Double.parseDouble(one.get(3).substring(5));
+    assertTrue(last < first, "the loss did not fall: " + first + " -> " + last);
+    for (int i = 0; i < one.size(); ++i) {
+      boolean loss = one.get(i).startsWith("loss ");
+      double a = Double.parseDouble(loss ? one.get(i).substring(5) : one.get(i));
+      double b = Double.parseDouble(loss ? two.get(i).substring(5) : two.get(i));
+      // fp32: losses to 1e-5 relative; parameters after 4 AdamW steps to 1e-4.
+      double tolerance = loss ? 1e-5 * Math.abs(a) : 1e-4;
+      assertEquals(a, b, tolerance, "value " + i + (loss ? " (loss)" : " (wte.weight)"));
+    }
+  }
+}

@@ -1,0 +1,78 @@
+package org.fsdp2;
+
+import java.io.PrintWriter;
+import java.util.Map;
+
+/**
+ * One rank of the multi-JVM test: trains the GPT on this rank's rows of a
+ * fixed sequence of global batches and writes (rank 0) the losses and the
+ * full token embedding. Usage: TrainWorker OUT STEPS.
+ */
+public final class TrainWorker {
+  static final int VOCAB = 32, BLOCK = 8, ROWS = 12;
+
+  /** A learnable global batch: each row counts up in steps of 3 from a start. */
+  static long[][] globalBatch(int step) {
+    long[] tokens = new long[ROWS * BLOCK], targets = new long[ROWS * BLOCK];
+    for (int r = 0; r < ROWS; ++r) {
+      long start = Math.floorMod((long) (step * 7919 + r * 104729) * 2654435761L >>> 7, VOCAB);
+      for (int c = 0; c < BLOCK; ++c) {
+        tokens[r * BLOCK + c] = (start + 3L * c) % VOCAB;
+        targets[r * BLOCK + c] = (start + 3L * (c + 1)) % VOCAB;
+      }
+    }
+    return new long[][] {tokens, targets};
+  }
+
+  static Tensor[] localBatch(FSDP2Strategy s, int step) {
+    long[][] g = globalBatch(step);
+    int n = ROWS / s.dataParallelSize(), first = s.dataParallelRank() * n;
+    long[] t = new long[n * BLOCK], y = new long[n * BLOCK];
+    System.arraycopy(g[0], first * BLOCK, t, 0, n * BLOCK);
+    System.arraycopy(g[1], first * BLOCK, y, 0, n * BLOCK);
+    return new Tensor[] {Tensor.ofLongs(t, n, BLOCK), Tensor.ofLongs(y, n, BLOCK)};
+  }
+
+  static FSDP2Strategy newStrategy(boolean deferred) {
+    FSDP2Strategy s = FSDP2Strategy.builder().precision("fp32").seed(11).build();
+    s.setupEnvironment();
+    // Two JVMs that each formed a world of one would train exactly like the
+    // one-rank run: make sure this one joined the world it was started in.
+    String rank = System.getenv("RANK"), world = System.getenv("WORLD_SIZE");
+    if (s.rank() != Integer.parseInt(rank) || s.worldSize() != Integer.parseInt(world)
+        || s.dataParallelSize() != s.worldSize()) {
+      throw new IllegalStateException("started as rank " + rank + " of " + world + ", joined as "
+          + s.rank() + " of " + s.worldSize() + " (data-parallel size " + s.dataParallelSize()
+          + ")");
+    }
+    Model m;
+    FSDP2Strategy.InitContext context = deferred ? s.tensorInitContext() : null;
+    try {
+      m = Model.gpt(Map.of("vocab_size", VOCAB, "block_size", BLOCK, "n_layer", 2,
+          "n_head", 2, "n_embd", 16));
+    } finally {
+      if (context != null) context.close();
+    }
+    try (Model model = m) {
+      s.connect(model, OptimizerOptions.adamw().lr(0.01));
+    }
+    s.parallelize();
+    return s;
+  }
+
+  public static void main(String[] args) throws Exception {
+    int steps = Integer.parseInt(args[1]);
+    boolean deferred = args.length > 2 && args[2].equals("deferred");
+    try (FSDP2Strategy s = newStrategy(deferred)) {
+      double[] losses = new double[steps];
+      for (int i = 0; i < steps; ++i) losses[i] = s.trainingStep(i, 2, 0.5, localBatch(s, i)).loss;
+      float[] wte = s.getParameter("wte.weight").toFloatArray();  // collective
+      if (s.rank() == 0) {
+        try (PrintWriter out = new PrintWriter(args[0])) {
+          for (double l : losses) out.println("loss " + l);
+          for (float w : wte) out.println(w);
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,820 @@
+/* fsdp2/c_api/c_api_test.c
+ *
+ * Tests of the C ABI, written in strict C99 against libfsdp2.so only.
+ *
+ *  - Errors: NULL, destroyed and foreign handles, calls in the wrong order,
+ *    bad JSON and unknown options, wrong dtypes and shapes, missing files:
+ *    each gives its status and a message, never a crash.
+ *  - Equivalence: the GPT trained through fsdp2_strategy_training_step on
+ *    N = 1, 2, 3, 4 ranks (separate processes of this binary, meeting
+ *    through a FileStore) gives the same loss at every step and the same
+ *    parameters, with gradient accumulation and clipping on; a sharded
+ *    checkpoint saved on 2 ranks resumes on 1 with the uninterrupted losses;
+ *    the token-file loader trains alike on 1 and 2 ranks.
+ *  - Deferred optimizer state: restoring parameters and the optimizer state
+ *    reproduces the losses; restoring the parameters alone does not.
+ *
+ * Every launch of ranks has a timeout: a hung rank fails the test.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "c_api/fsdp2.h"
+
+static int failures = 0;
+
+#define EXPECT(cond, ...)                                      \
+  do {                                                         \
+    if (!(cond)) {                                             \
+      fprintf(stderr, "%s:%d: FAILED: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                            \
+      fprintf(stderr, "\n");                                   \
+      ++failures;                                              \
+    }                                                          \
+  } while (0)
+
+/* Calls must succeed; otherwise print the C message and stop this process. */
+#define CHECK_OK(call)                                                     \
+  do {                                                                     \
+    fsdp2_status_t st_ = (call);                                           \
+    if (st_ != FSDP2_OK) {                                                 \
+      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__,   \
+              #call, fsdp2_status_name(st_), fsdp2_last_error());          \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+/* A call must fail with `status` and a message containing `text`. */
+#define EXPECT_ERROR(call, status, text)                                        \
+  do {                                                                          \
+    fsdp2_status_t st_ = (call);                                                \
+    EXPECT(st_ == (status), "%s returned %s, expected %s (message: %s)", #call, \
+           fsdp2_status_name(st_), fsdp2_status_name(status), fsdp2_last_error()); \
+    EXPECT(strstr(fsdp2_last_error(), (text)) != NULL,                          \
+           "%s: message '%s' lacks '%s'", #call, fsdp2_last_error(), (text));   \
+  } while (0)
+
+static const char* kGpt =
+    "{\"family\": \"gpt\", \"vocab_size\": 32, \"block_size\": 8, "
+    "\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16}";
+enum { kVocab = 32, kBlock = 8, kGlobalRows = 24 };
+
+static char tmpdir[512];
+
+/* ------------------------------------------------------------------------
+ * Data: a deterministic global batch per step; rank r takes its rows.
+ * ---------------------------------------------------------------------- */
+
+/* Each row counts up in steps of 5 from a pseudo-random start, a pattern
+ * the model learns within a few steps. */
+static int64_t Token(int64_t step, int64_t row, int64_t col) {
+  uint64_t x = (uint64_t)(step * 1000003 + row * 131 + 17);
+  x ^= x >> 13;
+  x *= 0x9E3779B97F4A7C15ULL;
+  x ^= x >> 29;
+  return (int64_t)((x + (uint64_t)col * 5) % kVocab);
+}
+
+/* Fills tokens/targets [rows, kBlock] for this rank's rows of `step`. */
+static void FillBatch(int64_t step, int64_t first_row, int64_t rows, int64_t* tokens,
+                      int64_t* targets) {
+  int64_t r, c;
+  for (r = 0; r < rows; ++r) {
+    for (c = 0; c < kBlock; ++c) {
+      tokens[r * kBlock + c] = Token(step, first_row + r, c);
+      targets[r * kBlock + c] = Token(step, first_row + r, c + 1);
+    }
+  }
+}
+
+static fsdp2_tensor_t Tensor2(void* data, fsdp2_dtype_t dtype, int64_t a, int64_t b) {
+  fsdp2_tensor_t t;
+  memset(&t, 0, sizeof(t));
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = 2;
+  t.shape[0] = a;
+  t.shape[1] = b;
+  return t;
+}
+
+/* ------------------------------------------------------------------------
+ * Building a parallelized strategy
+ * ---------------------------------------------------------------------- */
+
+static fsdp2_strategy_t* NewStrategy(const char* json) {
+  fsdp2_strategy_options_t options;
+  fsdp2_strategy_t* s = NULL;
+  fsdp2_strategy_options_init(&options);
+  CHECK_OK(fsdp2_strategy_options_from_json(json, &options));
+  CHECK_OK(fsdp2_strategy_create(&options, &s));
+  CHECK_OK(fsdp2_strategy_setup_environment(s));
+  return s;
+}
+
+/* Connects a fresh GPT (AdamW, lr 1e-2) and parallelizes. The caller's
+ * model handle is released at once: the strategy keeps its reference. */
+static void ConnectGpt(fsdp2_strategy_t* s) {
+  fsdp2_model_t* model = NULL;
+  fsdp2_optimizer_options_t opt;
+  fsdp2_optimizer_options_init(&opt);
+  CHECK_OK(fsdp2_optimizer_options_from_json("{\"lr\": 0.01, \"weight_decay\": 0.1}", &opt));
+  CHECK_OK(fsdp2_model_create(kGpt, &model));
+  CHECK_OK(fsdp2_strategy_connect(s, model, &opt));
+  fsdp2_model_destroy(model);
+  CHECK_OK(fsdp2_strategy_parallelize(s));
+}
+
+static double TrainStep(fsdp2_strategy_t* s, int64_t step, int accumulate, double clip) {
+  int32_t dp_rank = 0, dp_size = 1;
+  int64_t rows, *tokens, *targets;
+  fsdp2_tensor_t batch[2];
+  fsdp2_step_options_t options;
+  fsdp2_step_result_t result;
+  CHECK_OK(fsdp2_strategy_rank_info(s, NULL, NULL, &dp_rank, &dp_size));
+  rows = kGlobalRows / dp_size;
+  tokens = malloc(sizeof(int64_t) * rows * kBlock);
+  targets = malloc(sizeof(int64_t) * rows * kBlock);
+  FillBatch(step, dp_rank * rows, rows, tokens, targets);
+  batch[0] = Tensor2(tokens, FSDP2_DTYPE_INT64, rows, kBlock);
+  batch[1] = Tensor2(targets, FSDP2_DTYPE_INT64, rows, kBlock);
+  fsdp2_step_options_init(&options);
+  options.accumulate_grad_batches = accumulate;
+  options.gradient_clip_val = clip;
+  CHECK_OK(fsdp2_strategy_training_step(s, batch, 2, step, &options, &result));
+  free(tokens);
+  free(targets);
+  return result.loss;
+}
+
+/* Writes the full value of `name` to `out` as text (one value a line). */
+static void WriteParameter(fsdp2_strategy_t* s, const char* name, FILE* out) {
+  int64_t count = 0, i, n = 1;
+  int32_t d;
+  fsdp2_tensor_t info;
+  const char* found = NULL;
+  float* values;
+  CHECK_OK(fsdp2_strategy_num_parameters(s, &count));
+  for (i = 0; i < count; ++i) {
+    CHECK_OK(fsdp2_strategy_parameter_info(s, i, &found, &info));
+    if (strcmp(found, name) == 0) break;
+  }
+  if (i == count) {
+    fprintf(stderr, "no parameter %s\n", name);
+    exit(1);
+  }
+  for (d = 0; d < info.ndim; ++d) n *= info.shape[d];
+  values = malloc(sizeof(float) * n);
+  info.data = values;
+  CHECK_OK(fsdp2_strategy_get_parameter(s, name, &info));
+  for (i = 0; i < n; ++i) fprintf(out, "%.9g\n", values[i]);
+  free(values);
+}
+
+/* ------------------------------------------------------------------------
+ * Worker scenarios (one rank each)
+ * ---------------------------------------------------------------------- */
+
+/* train STEPS ACCUM CLIP OUT [CKPT]: losses, then parameters, to OUT
+ * (rank 0 writes); saves a sharded checkpoint to CKPT if given. */
+static int WorkerTrain(int argc, char** argv) {
+  int steps = atoi(argv[0]), accumulate = atoi(argv[1]);
+  double clip = atof(argv[2]);
+  int32_t rank = 0;
+  int step;
+  FILE* out = NULL;
+  /* The launcher may ask for another strategy (sharding, precision). */
+  const char* json = getenv("FSDP2_TEST_STRATEGY");
+  fsdp2_strategy_t* s = NewStrategy(json ? json : "{\"precision\": \"fp32\", \"seed\": 7}");
+  ConnectGpt(s);
+  CHECK_OK(fsdp2_strategy_rank_info(s, &rank, NULL, NULL, NULL));
+  if (rank == 0) out = fopen(argv[3], "w");
+  for (step = 0; step < steps; ++step) {
+    double loss = TrainStep(s, step, accumulate, clip);
+    if (out) fprintf(out, "loss %.9g\n", loss);
+  }
+  if (argc > 4) CHECK_OK(fsdp2_strategy_save_checkpoint(s, argv[4]));
+  /* get_parameter is collective: the other ranks gather too. */
+  if (!out) out = fopen("/dev/null", "w");
+  WriteParameter(s, "wte.weight", out);
+  WriteParameter(s, "blocks.1.fc.weight", out);
+  fclose(out);
+  CHECK_OK(fsdp2_strategy_barrier(s));
+  fsdp2_strategy_destroy(s);
+  return 0;
+}
+
+/* resume CKPT STEPS OUT: loads CKPT, trains up to STEPS total, writes the
+ * losses of the steps it ran. */
+static int WorkerResume(int argc, char** argv) {
+  int64_t epoch = -1, step = -1;
+  int steps = atoi(argv[1]);
+  int32_t rank = 0;
+  FILE* out = NULL;
+  fsdp2_strategy_t* s = NewStrategy("{\"precision\": \"fp32\", \"seed\": 99}");
+  (void)argc;
+  ConnectGpt(s);
+  CHECK_OK(fsdp2_strategy_load_checkpoint(s, argv[0]));
+  CHECK_OK(fsdp2_strategy_current_epoch_step(s, &epoch, &step));
+  CHECK_OK(fsdp2_strategy_rank_info(s, &rank, NULL, NULL, NULL));
+  if (rank == 0) out = fopen(argv[2], "w");
+  for (; step < steps; ++step) {
+    double loss = TrainStep(s, step, 1, 0.5);
+    if (out) fprintf(out, "loss %.9g\n", loss);
+  }
+  if (out) fclose(out);
+  fsdp2_strategy_destroy(s);
+  return 0;
+}
+
+/* loader PATH STEPS OUT: trains from the token file (uint16 tokens). */
+static int WorkerLoader(int argc, char** argv) {
+  fsdp2_strategy_t* s = NewStrategy("{\"precision\": \"fp32\", \"seed\": 3}");
+  fsdp2_dataloader_t* loader = NULL;
+  fsdp2_token_loader_options_t lo;
+  fsdp2_step_result_t result;
+  int64_t batches = 0, i;
+  int32_t rank = 0;
+  FILE* out = NULL;
+  (void)argc;
+  ConnectGpt(s);
+  fsdp2_token_loader_options_init(&lo);
+  lo.token_dtype = FSDP2_DTYPE_UINT16;
+  lo.block_size = kBlock;
+  lo.global_batch_size = 8;
+  CHECK_OK(fsdp2_dataloader_create_from_token_file(s, argv[0], &lo, &loader));
+  CHECK_OK(fsdp2_dataloader_num_batches(loader, &batches));
+  CHECK_OK(fsdp2_dataloader_set_epoch(loader, 1));
+  CHECK_OK(fsdp2_strategy_rank_info(s, &rank, NULL, NULL, NULL));
+  if (rank == 0) out = fopen(argv[2], "w");
+  for (i = 0; i < atoi(argv[1]) && i < batches; ++i) {
+    CHECK_OK(fsdp2_strategy_training_step_loader(s, loader, i, NULL, &result));
+    if (out) fprintf(out, "loss %.9g\n", result.loss);
+  }
+  {
+    double val = 0;
+    CHECK_OK(fsdp2_strategy_validation_step_loader(s, loader, 0, &val));
+    if (out) fprintf(out, "val %.9g\n", val);
+  }
+  if (out) fclose(out);
+  fsdp2_dataloader_destroy(loader);
+  fsdp2_strategy_destroy(s);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Launching ranks of this binary
+ * ---------------------------------------------------------------------- */
+
+/* Runs `world` ranks of `scenario` with `args`; returns 0 if all exit 0
+ * within `timeout_s` seconds (a hung or failed rank kills the rest). */
+static int LaunchRanks(int world, const char* scenario, const char* const* args, int nargs,
+                       int timeout_s) {
+  static int launch = 0;
+  char store[600], rank_text[16], world_text[16];
+  pid_t pids[8];
+  int r, alive, failed = 0;
+  time_t deadline = time(NULL) + timeout_s;
+  snprintf(store, sizeof(store), "%s/store.%d.%d", tmpdir, (int)getpid(), launch++);
+  for (r = 0; r < world; ++r) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      const char* argv[16];
+      int i;
+      snprintf(rank_text, sizeof(rank_text), "%d", r);
+      snprintf(world_text, sizeof(world_text), "%d", world);
+      setenv("RANK", rank_text, 1);
+      setenv("LOCAL_RANK", rank_text, 1);
+      setenv("WORLD_SIZE", world_text, 1);
+      setenv("FSDP2_STORE_PATH", store, 1);
+      setenv("OMP_NUM_THREADS", "1", 1);
+      argv[0] = "c_api_test";
+      argv[1] = "--worker";
+      argv[2] = scenario;
+      for (i = 0; i < nargs; ++i) argv[3 + i] = args[i];
+      argv[3 + nargs] = NULL;
+      execv("/proc/self/exe", (char* const*)argv);
+      _exit(127);
+    }
+  }
+  alive = world;
+  while (alive > 0) {
+    int status;
+    pid_t done = waitpid(-1, &status, WNOHANG);
+    if (done > 0) {
+      --alive;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "rank process %d of '%s' (world %d) failed (status %d)\n", (int)done,
+                scenario, world, status);
+        failed = 1;
+      }
+      continue;
+    }
+    if (failed || time(NULL) > deadline) {
+      if (!failed) fprintf(stderr, "'%s' on %d ranks timed out after %d s\n", scenario, world, timeout_s);
+      failed = 1;
+      for (r = 0; r < world; ++r) kill(pids[r], SIGKILL);
+      while (waitpid(-1, &status, 0) > 0) {
+      }
+      break;
+    }
+    {
+      struct timespec pause = {0, 20 * 1000 * 1000};
+      nanosleep(&pause, NULL);
+    }
+  }
+  return failed;
+}
+
+/* Reads up to `max` numbers after "loss " (and plain number lines) from a
+ * result file; returns how many. */
+static int ReadValues(const char* path, double* values, int max, int losses_only) {
+  FILE* in = fopen(path, "r");
+  char line[256];
+  int n = 0;
+  if (!in) return 0;
+  while (n < max && fgets(line, sizeof(line), in)) {
+    if (strncmp(line, "loss ", 5) == 0) {
+      values[n++] = atof(line + 5);
+    } else if (!losses_only && strncmp(line, "val ", 4) != 0) {
+      values[n++] = atof(line);
+    }
+  }
+  fclose(in);
+  return n;
+}
+
+static double RelDiff(double a, double b) {
+  return fabs(a - b) / (fabs(a) > fabs(b) ? (fabs(a) > 1e-6 ? fabs(a) : 1e-6) : (fabs(b) > 1e-6 ? fabs(b) : 1e-6));
+}
+
+/* ------------------------------------------------------------------------
+ * Tests
+ * ---------------------------------------------------------------------- */
+
+static void TestVersionAndStatus(void) {
+  EXPECT(fsdp2_abi_version() == FSDP2_ABI_VERSION, "abi %d", (int)fsdp2_abi_version());
+  EXPECT(strstr(fsdp2_version_string(), "fsdp2") != NULL, "%s", fsdp2_version_string());
+  EXPECT(strcmp(fsdp2_status_name(FSDP2_ERROR_SHAPE), "FSDP2_ERROR_SHAPE") == 0, "name");
+  EXPECT(fsdp2_dtype_size(FSDP2_DTYPE_BFLOAT16) == 2, "bf16 size");
+  fsdp2_free(NULL);
+  fsdp2_strategy_destroy(NULL);
+  fsdp2_model_destroy(NULL);
+  fsdp2_dataloader_destroy(NULL);
+}
+
+static void TestOptionErrors(void) {
+  fsdp2_strategy_options_t o;
+  fsdp2_strategy_t* s = NULL;
+  fsdp2_optimizer_options_t oo;
+  fsdp2_strategy_options_init(&o);
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{not json", &o), FSDP2_ERROR_INVALID_ARGUMENT,
+               "not valid JSON");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"data_paralel_size\": 2}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "unknown option \"data_paralel_size\"");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"sharding_strategy\": \"zero3\"}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "full_shard");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"data_parallel_size\": -2}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "\"auto\" or a positive integer");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json(NULL, &o), FSDP2_ERROR_INVALID_ARGUMENT, "NULL");
+  /* A failed call leaves the options as they were. */
+  EXPECT(o.sharding_strategy == FSDP2_FULL_SHARD && o.data_parallel_size == 0, "options changed");
+  CHECK_OK(fsdp2_strategy_options_from_json(
+      "{\"data_parallel_size\": \"auto\", \"sharding_strategy\": \"no_shard\", \"seed\": 5}", &o));
+  EXPECT(o.sharding_strategy == FSDP2_NO_SHARD && o.seed == 5, "json not applied");
+
+  o.timeout_ms = 0;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "timeout_ms");
+  EXPECT(s == NULL, "output written on failure");
+  fsdp2_strategy_options_init(&o);
+  o.struct_size = 0;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "struct_size");
+  fsdp2_strategy_options_init(&o);
+  o.cpu_offload = 1;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "cpu_offload");
+  fsdp2_strategy_options_init(&o);
+  o.sharding_strategy = 42;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "sharding_strategy");
+
+  fsdp2_optimizer_options_init(&oo);
+  EXPECT_ERROR(fsdp2_optimizer_options_from_json("{\"kind\": \"lamb\"}", &oo),
+               FSDP2_ERROR_INVALID_ARGUMENT, "adamw");
+  EXPECT_ERROR(fsdp2_optimizer_options_from_json("{\"lr\": \"fast\"}", &oo),
+               FSDP2_ERROR_INVALID_ARGUMENT, "must be a number");
+}
+
+static void TestModelErrors(void) {
+  fsdp2_model_t* m = NULL;
+  int64_t tensors = 0, elements = 0;
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"gpt\"", &m), FSDP2_ERROR_INVALID_ARGUMENT,
+               "not valid JSON");
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"rnn\"}", &m), FSDP2_ERROR_INVALID_ARGUMENT,
+               "unknown model family");
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"gpt\", \"layers\": 2}", &m),
+               FSDP2_ERROR_INVALID_ARGUMENT, "unknown key \"layers\"");
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"gpt\", \"n_embd\": 10, \"n_head\": 4}", &m),
+               FSDP2_ERROR_INVALID_ARGUMENT, "multiple of n_head");
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"mlp\", \"hidden\": 0}", &m),
+               FSDP2_ERROR_INVALID_ARGUMENT, "positive integer");
+  EXPECT(m == NULL, "output written on failure");
+  EXPECT_ERROR(fsdp2_model_load_torchscript("/nonexistent/model.pt", "mse", &m), FSDP2_ERROR_IO,
+               "does not exist");
+  EXPECT_ERROR(fsdp2_model_load_torchscript("/nonexistent/model.pt", "hinge", &m),
+               FSDP2_ERROR_INVALID_ARGUMENT, "mse");
+
+  CHECK_OK(fsdp2_model_create("{\"family\": \"mlp\", \"in_features\": 3, \"hidden\": 4, "
+                              "\"out_features\": 2, \"depth\": 1}", &m));
+  CHECK_OK(fsdp2_model_num_parameters(m, &tensors, &elements));
+  /* input 3x4+4, block: LayerNorm 4+4, Linear 4x8+8, Linear 8x4+4, output 4x2+2 */
+  EXPECT(tensors == 10 && elements == 16 + 8 + 40 + 36 + 10, "%ld tensors, %ld elements",
+         (long)tensors, (long)elements);
+  fsdp2_model_destroy(m);
+  EXPECT_ERROR(fsdp2_model_num_parameters(m, &tensors, &elements), FSDP2_ERROR_INVALID_HANDLE,
+               "destroyed");
+}
+
+static void TestHandlesAndOrder(void) {
+  fsdp2_strategy_t* s = NULL;
+  fsdp2_model_t* m = NULL;
+  int64_t tokens[2 * kBlock] = {0}, targets[2 * kBlock] = {0};
+  fsdp2_tensor_t batch[2];
+  fsdp2_step_result_t result;
+  void* state = NULL;
+  size_t size = 0;
+
+  batch[0] = Tensor2(tokens, FSDP2_DTYPE_INT64, 2, kBlock);
+  batch[1] = Tensor2(targets, FSDP2_DTYPE_INT64, 2, kBlock);
+  EXPECT_ERROR(fsdp2_strategy_training_step(NULL, batch, 2, 0, NULL, &result),
+               FSDP2_ERROR_INVALID_HANDLE, "NULL");
+  EXPECT_ERROR(fsdp2_strategy_setup_environment((fsdp2_strategy_t*)(uintptr_t)0x12345670),
+               FSDP2_ERROR_INVALID_HANDLE, "not live");
+
+  CHECK_OK(fsdp2_strategy_create(NULL, &s));
+  CHECK_OK(fsdp2_model_create(kGpt, &m));
+  EXPECT_ERROR(fsdp2_strategy_parallelize(s), FSDP2_ERROR_WRONG_ORDER, "setup_environment");
+  EXPECT_ERROR(fsdp2_strategy_rank_info(s, NULL, NULL, NULL, NULL), FSDP2_ERROR_WRONG_ORDER,
+               "setup_environment");
+  /* A model handle is not a strategy handle. */
+  EXPECT_ERROR(fsdp2_strategy_barrier((fsdp2_strategy_t*)m), FSDP2_ERROR_INVALID_HANDLE,
+               "expected a fsdp2_strategy_t");
+  CHECK_OK(fsdp2_strategy_setup_environment(s));
+  EXPECT_ERROR(fsdp2_strategy_setup_environment(s), FSDP2_ERROR_WRONG_ORDER, "already");
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, batch, 2, 0, NULL, &result),
+               FSDP2_ERROR_WRONG_ORDER, "parallelize");
+  EXPECT_ERROR(fsdp2_strategy_optimizer_state_dict(s, &state, &size), FSDP2_ERROR_WRONG_ORDER,
+               "parallelize");
+  EXPECT_ERROR(fsdp2_strategy_save_checkpoint(s, "x"), FSDP2_ERROR_WRONG_ORDER, "parallelize");
+  EXPECT_ERROR(fsdp2_strategy_parallelize(s), FSDP2_ERROR_WRONG_ORDER, "connect");
+  CHECK_OK(fsdp2_strategy_connect(s, m, NULL));
+  EXPECT_ERROR(fsdp2_strategy_connect(s, m, NULL), FSDP2_ERROR_WRONG_ORDER, "already connected");
+  fsdp2_model_destroy(m);
+  fsdp2_model_destroy(m); /* a second destroy is harmless */
+  CHECK_OK(fsdp2_strategy_parallelize(s));
+  CHECK_OK(fsdp2_strategy_parallelize(s)); /* a second call does nothing */
+  fsdp2_strategy_destroy(s);
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, batch, 2, 0, NULL, &result),
+               FSDP2_ERROR_INVALID_HANDLE, "destroyed");
+  fsdp2_strategy_destroy(s);
+}
+
+static void TestBatchesAndBuffers(void) {
+  fsdp2_strategy_t* s = NewStrategy("{\"precision\": \"fp32\"}");
+  int64_t tokens[4 * kBlock], targets[4 * kBlock];
+  float ftokens[4 * kBlock];
+  fsdp2_tensor_t batch[2], bad[2], out, info;
+  fsdp2_step_options_t so;
+  fsdp2_step_result_t result;
+  float* prediction;
+  float wpe[kBlock * 16], wpe2[kBlock * 16];
+  const char* name = NULL;
+  int64_t count = 0, i;
+  int32_t pending = -1;
+  double loss = 0;
+  void* state = NULL;
+  size_t size = 0;
+
+  ConnectGpt(s);
+  FillBatch(0, 0, 4, tokens, targets);
+  for (i = 0; i < 4 * kBlock; ++i) ftokens[i] = (float)tokens[i];
+  batch[0] = Tensor2(tokens, FSDP2_DTYPE_INT64, 4, kBlock);
+  batch[1] = Tensor2(targets, FSDP2_DTYPE_INT64, 4, kBlock);
+
+  bad[0] = Tensor2(ftokens, FSDP2_DTYPE_FLOAT32, 4, kBlock);
+  bad[1] = batch[1];
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, bad, 2, 0, NULL, &result), FSDP2_ERROR_SHAPE,
+               "integer tensor");
+  bad[0] = Tensor2(tokens, FSDP2_DTYPE_INT64, 2, 2 * kBlock);
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, bad, 2, 0, NULL, &result), FSDP2_ERROR_SHAPE,
+               "block_size");
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, batch, 1, 0, NULL, &result), FSDP2_ERROR_SHAPE,
+               "1 tensor(s)");
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, NULL, 2, 0, NULL, &result),
+               FSDP2_ERROR_INVALID_ARGUMENT, "NULL");
+  bad[0] = batch[0];
+  bad[0].ndim = 9;
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, bad, 2, 0, NULL, &result), FSDP2_ERROR_SHAPE,
+               "ndim 9");
+  tokens[3] = 999;
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, batch, 2, 0, NULL, &result),
+               FSDP2_ERROR_INVALID_ARGUMENT, "outside the vocabulary");
+  tokens[3] = 1;
+  fsdp2_step_options_init(&so);
+  so.accumulate_grad_batches = 3;
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, batch, 2, 0, &so, &result), FSDP2_ERROR_SHAPE,
+               "equal, non-empty micro-batches");
+  so.accumulate_grad_batches = 0;
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, batch, 2, 0, &so, &result),
+               FSDP2_ERROR_INVALID_ARGUMENT, "accumulate_grad_batches");
+
+  /* Validation and prediction. */
+  CHECK_OK(fsdp2_strategy_validation_step(s, batch, 2, 0, &loss));
+  EXPECT(loss > 2.0 && loss < 5.0, "validation loss %g (ln 32 = 3.47 expected near)", loss);
+  CHECK_OK(fsdp2_strategy_predict_shape(s, batch, 1, &out));
+  EXPECT(out.ndim == 3 && out.shape[0] == 4 && out.shape[1] == kBlock && out.shape[2] == kVocab &&
+             out.dtype == FSDP2_DTYPE_FLOAT32,
+         "predict shape");
+  prediction = malloc(sizeof(float) * 4 * kBlock * kVocab);
+  out.data = prediction;
+  out.shape[2] = kVocab - 1;
+  EXPECT_ERROR(fsdp2_strategy_predict_step(s, batch, 1, 0, &out), FSDP2_ERROR_SHAPE,
+               "[4, 8, 32] float32");
+  out.shape[2] = kVocab;
+  CHECK_OK(fsdp2_strategy_predict_step(s, batch, 1, 0, &out));
+  EXPECT(isfinite(prediction[0]) && prediction[0] != prediction[1], "prediction values");
+  free(prediction);
+
+  /* Parameters by name: list, get, set, round trip. */
+  CHECK_OK(fsdp2_strategy_num_parameters(s, &count));
+  EXPECT(count == 4 + 12 * 2, "%ld parameters", (long)count); /* wte wpe ln_f(2) + 12/block */
+  CHECK_OK(fsdp2_strategy_parameter_info(s, 0, &name, &info));
+  EXPECT(strcmp(name, "wte.weight") == 0 && info.ndim == 2 && info.shape[0] == kVocab,
+         "first parameter %s", name);
+  EXPECT_ERROR(fsdp2_strategy_parameter_info(s, count, &name, &info),
+               FSDP2_ERROR_INVALID_ARGUMENT, "outside");
+  info = Tensor2(wpe, FSDP2_DTYPE_FLOAT32, kBlock, 16);
+  EXPECT_ERROR(fsdp2_strategy_get_parameter(s, "wpe.bias", &info), FSDP2_ERROR_INVALID_ARGUMENT,
+               "no parameter named 'wpe.bias'");
+  info.shape[1] = 15;
+  EXPECT_ERROR(fsdp2_strategy_get_parameter(s, "wpe.weight", &info), FSDP2_ERROR_SHAPE, "[8, 16]");
+  info.shape[1] = 16;
+  CHECK_OK(fsdp2_strategy_get_parameter(s, "wpe.weight", &info));
+  for (i = 0; i < kBlock * 16; ++i) wpe[i] = (float)i / 100.0f;
+  CHECK_OK(fsdp2_strategy_set_parameter(s, "wpe.weight", &info));
+  info.data = wpe2;
+  CHECK_OK(fsdp2_strategy_get_parameter(s, "wpe.weight", &info));
+  EXPECT(memcmp(wpe, wpe2, sizeof(wpe)) == 0, "set_parameter then get_parameter differs");
+  info.dtype = FSDP2_DTYPE_FLOAT64;
+  EXPECT_ERROR(fsdp2_strategy_set_parameter(s, "wpe.weight", &info), FSDP2_ERROR_SHAPE, "dtype");
+
+  /* Deferred optimizer state. */
+  CHECK_OK(fsdp2_strategy_training_step(s, batch, 2, 0, NULL, &result));
+  EXPECT(result.step == 1, "step %ld", (long)result.step);
+  CHECK_OK(fsdp2_strategy_optimizer_state_dict(s, &state, &size));
+  EXPECT(state != NULL && size > 100, "optimizer state of %lu bytes", (unsigned long)size);
+  EXPECT_ERROR(fsdp2_strategy_load_optimizer_state_dict(s, state, 0),
+               FSDP2_ERROR_INVALID_ARGUMENT, "empty");
+  CHECK_OK(fsdp2_strategy_load_optimizer_state_dict(s, state, size));
+  CHECK_OK(fsdp2_strategy_has_pending_optimizer_state(s, &pending));
+  EXPECT(pending == 1, "pending %d", (int)pending);
+  CHECK_OK(fsdp2_strategy_training_step(s, batch, 2, 1, NULL, &result));
+  CHECK_OK(fsdp2_strategy_has_pending_optimizer_state(s, &pending));
+  EXPECT(pending == 0, "still pending after a step");
+  fsdp2_free(state);
+
+  /* Files. */
+  EXPECT_ERROR(fsdp2_strategy_load_checkpoint(s, "/nonexistent/ckpt"), FSDP2_ERROR_IO, "");
+  {
+    fsdp2_dataloader_t* l = NULL;
+    EXPECT_ERROR(fsdp2_dataloader_create_from_token_file(s, "/nonexistent/tokens.bin", NULL, &l),
+                 FSDP2_ERROR_IO, "cannot open token file");
+    EXPECT(l == NULL, "loader written on failure");
+  }
+  CHECK_OK(fsdp2_strategy_teardown(s));
+  EXPECT_ERROR(fsdp2_strategy_training_step(s, batch, 2, 0, NULL, &result),
+               FSDP2_ERROR_WRONG_ORDER, "");
+  fsdp2_strategy_destroy(s);
+}
+
+/* Full values of two parameters of a GPT built eagerly or deferred. */
+static void GptParameters(int deferred, float* wte, float* fc) {
+  fsdp2_strategy_t* s = NewStrategy("{\"precision\": \"fp32\", \"seed\": 5}");
+  fsdp2_model_t* model = NULL;
+  fsdp2_tensor_t t;
+  if (deferred) {
+    CHECK_OK(fsdp2_model_create_deferred(s, kGpt, &model));
+  } else {
+    CHECK_OK(fsdp2_model_create(kGpt, &model));
+  }
+  CHECK_OK(fsdp2_strategy_connect(s, model, NULL));
+  fsdp2_model_destroy(model);
+  CHECK_OK(fsdp2_strategy_parallelize(s));
+  t = Tensor2(wte, FSDP2_DTYPE_FLOAT32, kVocab, 16);
+  CHECK_OK(fsdp2_strategy_get_parameter(s, "wte.weight", &t));
+  t = Tensor2(fc, FSDP2_DTYPE_FLOAT32, 64, 16);
+  CHECK_OK(fsdp2_strategy_get_parameter(s, "blocks.1.fc.weight", &t));
+  fsdp2_strategy_destroy(s);
+}
+
+/* A model built deferred (no memory until parallelize) equals an eager one. */
+static void TestDeferredModel(void) {
+  static float wte[2][kVocab * 16], fc[2][64 * 16];
+  char store[600];
+  fsdp2_model_t* m = NULL;
+  snprintf(store, sizeof(store), "%s/store.eager.%d", tmpdir, (int)getpid());
+  setenv("FSDP2_STORE_PATH", store, 1);
+  GptParameters(0, wte[0], fc[0]);
+  snprintf(store, sizeof(store), "%s/store.deferred.%d", tmpdir, (int)getpid());
+  setenv("FSDP2_STORE_PATH", store, 1);
+  GptParameters(1, wte[1], fc[1]);
+  unsetenv("FSDP2_STORE_PATH");
+  EXPECT(memcmp(wte[0], wte[1], sizeof(wte[0])) == 0, "deferred wte.weight differs from eager");
+  EXPECT(memcmp(fc[0], fc[1], sizeof(fc[0])) == 0, "deferred fc.weight differs from eager");
+  EXPECT(wte[0][0] != 0 && wte[0][0] != wte[0][1], "parameters look uninitialised");
+  EXPECT_ERROR(fsdp2_model_create_deferred(NULL, kGpt, &m), FSDP2_ERROR_INVALID_HANDLE, "NULL");
+}
+
+/* The same training on N ranks equals one rank, step by step. */
+static void TestEquivalence(void) {
+  static const int worlds[] = {1, 2, 3, 4};
+  double reference[4096], values[4096];
+  int n_ref = 0, w;
+  char out[600];
+  for (w = 0; w < 4; ++w) {
+    const char* args[4];
+    int n, i;
+    double worst = 0;
+    snprintf(out, sizeof(out), "%s/train.%d.txt", tmpdir, worlds[w]);
+    args[0] = "4";   /* steps */
+    args[1] = "2";   /* accumulate */
+    args[2] = "0.5"; /* clip */
+    args[3] = out;
+    EXPECT(LaunchRanks(worlds[w], "train", args, 4, 240) == 0, "training on %d ranks failed",
+           worlds[w]);
+    n = ReadValues(out, values, 4096, 0);
+    if (w == 0) {
+      memcpy(reference, values, sizeof(double) * n);
+      n_ref = n;
+      EXPECT(n > 4 + 100, "the 1-rank run wrote %d values", n);
+      EXPECT(reference[3] < reference[0], "loss did not fall: %g -> %g", reference[0], reference[3]);
+      continue;
+    }
+    EXPECT(n == n_ref, "%d ranks wrote %d values, 1 rank %d", worlds[w], n, n_ref);
+    for (i = 0; i < n && i < n_ref; ++i) {
+      const double d = i < 4 ? RelDiff(values[i], reference[i]) : fabs(values[i] - reference[i]);
+      if (d > worst) worst = d;
+    }
+    /* fp32: losses to ~1e-6 relative; parameters after 4 AdamW steps. */
+    EXPECT(worst < 1e-4, "%d ranks differ from 1 rank by %g", worlds[w], worst);
+    printf("equivalence: %d ranks vs 1: worst difference %.3g over %d values\n", worlds[w], worst, n);
+  }
+}
+
+/* Every sharding strategy, and bf16 mixed precision, through the C ABI
+ * against the 1-rank fp32 run of TestEquivalence. */
+static void TestStrategiesAndPrecision(void) {
+  static const struct {
+    int world;
+    const char* json;
+    double tolerance; /* relative, on losses and parameters */
+    int losses_only;
+  } cases[] = {
+      {2, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"no_shard\"}", 1e-4, 0},
+      {3, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"shard_grad_op\"}", 1e-4, 0},
+      {4, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"hybrid_shard\", "
+          "\"shard_group_size\": 2}", 1e-4, 0},
+      /* Tensor parallelism: heads split over tp ranks, FSDP over dp. */
+      {2, "{\"precision\": \"fp32\", \"seed\": 7, \"tensor_parallel_size\": 2}", 1e-4, 0},
+      {4, "{\"precision\": \"fp32\", \"seed\": 7, \"data_parallel_size\": 2, "
+          "\"tensor_parallel_size\": 2}", 1e-4, 0},
+      /* bf16 parameters and compute, fp32 reduction: tracks fp32 loosely. */
+      {2, "{\"precision\": \"bf16\", \"seed\": 7}", 3e-2, 1},
+  };
+  double reference[4096], values[4096];
+  char ref_path[600], out[600];
+  const char* args[4];
+  int n_ref, c;
+  snprintf(ref_path, sizeof(ref_path), "%s/train.1.txt", tmpdir);
+  n_ref = ReadValues(ref_path, reference, 4096, 0);
+  EXPECT(n_ref > 4, "no 1-rank reference (%d values)", n_ref);
+  for (c = 0; c < (int)(sizeof(cases) / sizeof(cases[0])); ++c) {
+    int n, i;
+    double worst = 0;
+    snprintf(out, sizeof(out), "%s/strategy.%d.txt", tmpdir, c);
+    args[0] = "4"; args[1] = "2"; args[2] = "0.5"; args[3] = out;
+    setenv("FSDP2_TEST_STRATEGY", cases[c].json, 1);
+    EXPECT(LaunchRanks(cases[c].world, "train", args, 4, 240) == 0, "%s on %d ranks failed",
+           cases[c].json, cases[c].world);
+    unsetenv("FSDP2_TEST_STRATEGY");
+    n = ReadValues(out, values, 4096, cases[c].losses_only);
+    EXPECT(n == (cases[c].losses_only ? 4 : n_ref), "%s: %d values", cases[c].json, n);
+    for (i = 0; i < n && i < n_ref; ++i) {
+      const double d = i < 4 ? RelDiff(values[i], reference[i]) : fabs(values[i] - reference[i]);
+      if (d > worst) worst = d;
+    }
+    EXPECT(worst < cases[c].tolerance, "%s on %d ranks: worst difference %g", cases[c].json,
+           cases[c].world, worst);
+    printf("strategy %s on %d ranks vs 1-rank fp32: worst difference %.3g\n", cases[c].json,
+           cases[c].world, worst);
+  }
+}
+
+/* A sharded checkpoint saved on 2 ranks after 3 steps resumes on 1 rank
+ * with the losses of an uninterrupted 5-step run. */
+static void TestCheckpointResume(void) {
+  char full[600], part[600], resumed[600], ckpt[600];
+  const char* args[5];
+  double a[4096], b[4096];
+  int na, nb, i;
+  snprintf(full, sizeof(full), "%s/full5.txt", tmpdir);
+  snprintf(part, sizeof(part), "%s/part3.txt", tmpdir);
+  snprintf(resumed, sizeof(resumed), "%s/resumed.txt", tmpdir);
+  snprintf(ckpt, sizeof(ckpt), "%s/ckpt", tmpdir);
+  args[0] = "5"; args[1] = "1"; args[2] = "0.5"; args[3] = full;
+  EXPECT(LaunchRanks(1, "train", args, 4, 240) == 0, "uninterrupted run failed");
+  args[0] = "3"; args[3] = part; args[4] = ckpt;
+  EXPECT(LaunchRanks(2, "train", args, 5, 240) == 0, "2-rank run with checkpoint failed");
+  args[0] = ckpt; args[1] = "5"; args[2] = resumed;
+  EXPECT(LaunchRanks(1, "resume", args, 3, 240) == 0, "resume on 1 rank failed");
+  na = ReadValues(full, a, 4096, 1);
+  nb = ReadValues(resumed, b, 4096, 1);
+  EXPECT(na == 5 && nb == 2, "%d and %d losses", na, nb);
+  for (i = 0; i < nb && 3 + i < na; ++i) {
+    EXPECT(RelDiff(a[3 + i], b[i]) < 1e-4, "step %d: uninterrupted %.9g, resumed %.9g", 3 + i,
+           a[3 + i], b[i]);
+  }
+}
+
+static void TestTokenLoader(void) {
+  char path[600], one[600], two[600];
+  const char* args[3];
+  double a[64], b[64];
+  int na, nb, i;
+  FILE* f;
+  snprintf(path, sizeof(path), "%s/tokens.u16", tmpdir);
+  f = fopen(path, "wb");
+  for (i = 0; i < 9 * 64; ++i) {
+    uint16_t t = (uint16_t)Token(5, i, 0);
+    fwrite(&t, sizeof(t), 1, f);
+  }
+  fclose(f);
+  snprintf(one, sizeof(one), "%s/loader1.txt", tmpdir);
+  snprintf(two, sizeof(two), "%s/loader2.txt", tmpdir);
+  args[0] = path; args[1] = "4"; args[2] = one;
+  EXPECT(LaunchRanks(1, "loader", args, 3, 240) == 0, "loader on 1 rank failed");
+  args[2] = two;
+  EXPECT(LaunchRanks(2, "loader", args, 3, 240) == 0, "loader on 2 ranks failed");
+  na = ReadValues(one, a, 64, 1);
+  nb = ReadValues(two, b, 64, 1);
+  EXPECT(na == 4 && nb == 4, "%d and %d losses", na, nb);
+  for (i = 0; i < na && i < nb; ++i) {
+    EXPECT(RelDiff(a[i], b[i]) < 1e-5, "loader step %d: %.9g vs %.9g", i, a[i], b[i]);
+  }
+}
+
+int main(int argc, char** argv) {
+  const char* t = getenv("TEST_TMPDIR");
+  snprintf(tmpdir, sizeof(tmpdir), "%s", t ? t : "/tmp");
+  if (argc >= 3 && strcmp(argv[1], "--worker") == 0) {
+    if (strcmp(argv[2], "train") == 0) return WorkerTrain(argc - 3, argv + 3);
+    if (strcmp(argv[2], "resume") == 0) return WorkerResume(argc - 3, argv + 3);
+    if (strcmp(argv[2], "loader") == 0) return WorkerLoader(argc - 3, argv + 3);
+    fprintf(stderr, "unknown scenario %s\n", argv[2]);
+    return 2;
+  }
+  {
+    /* The in-process tests form a world of one through a FileStore. */
+    char store[600];
+    snprintf(store, sizeof(store), "%s/store.main.%d", tmpdir, (int)getpid());
+    setenv("FSDP2_STORE_PATH", store, 1);
+  }
+  TestVersionAndStatus();
+  TestOptionErrors();
+  TestModelErrors();
+  TestHandlesAndOrder();
+  unsetenv("FSDP2_STORE_PATH");
+  {
+    char store[600];
+    snprintf(store, sizeof(store), "%s/store.main2.%d", tmpdir, (int)getpid());
+    setenv("FSDP2_STORE_PATH", store, 1);
+  }
+  TestBatchesAndBuffers();
+  unsetenv("FSDP2_STORE_PATH");
+  TestDeferredModel();
+  TestEquivalence();
+  TestStrategiesAndPrecision();
+  TestCheckpointResume();
+  TestTokenLoader();
+  printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+  return failures ? 1 : 0;
+}

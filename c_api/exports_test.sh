@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# libfsdp2.so must export the C ABI's fsdp2_* functions and nothing else
+# (no C++ symbols of the core or of LibTorch leak out).
+set -euo pipefail
+lib="$1"
+exported=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVW]$/ {print $3}')
+others=$(echo "$exported" | grep -v '^fsdp2_' || true)
+if [[ -n "$others" ]]; then
+  echo "FAIL: libfsdp2.so exports symbols outside the C ABI:"; echo "$others" | head -20; exit 1
+fi
+for f in fsdp2_strategy_create fsdp2_strategy_training_step fsdp2_strategy_save_checkpoint \
+         fsdp2_last_error fsdp2_model_create fsdp2_dataloader_create_from_token_file; do
+  echo "$exported" | grep -qx "$f" || { echo "FAIL: $f is not exported"; exit 1; }
+done
+echo "PASS: $(echo "$exported" | wc -l) symbols, all fsdp2_*"

@@ -1,0 +1,511 @@
+/* fsdp2/c_api/fsdp2.h
+ *
+ * The stable C ABI of fsdp2: Fully Sharded Data Parallel training (PyTorch's
+ * FSDP2) for LibTorch, driven from C and from anything that can call C
+ * (the Python and Java bindings are generated from this header by SWIG).
+ *
+ * Plain C99. Every symbol is prefixed fsdp2_; libfsdp2.so exports nothing
+ * else.
+ *
+ * A training program, one process per rank (see examples/train_c.c):
+ *
+ *   fsdp2_strategy_options_t so;  fsdp2_strategy_options_init(&so);
+ *   fsdp2_strategy_t* s;          fsdp2_strategy_create(&so, &s);
+ *   fsdp2_strategy_setup_environment(s);      // torchrun/srun/mpirun env
+ *   fsdp2_model_t* m;             fsdp2_model_create("{\"family\":\"gpt\"}", &m);
+ *   fsdp2_optimizer_options_t oo; fsdp2_optimizer_options_init(&oo);
+ *   fsdp2_strategy_connect(s, m, &oo);
+ *   fsdp2_strategy_parallelize(s);            // shard, build the optimizer
+ *   for (...) fsdp2_strategy_training_step(s, batch, 2, i, NULL, &result);
+ *   fsdp2_strategy_save_checkpoint(s, "ckpt");
+ *   fsdp2_model_destroy(m); fsdp2_strategy_destroy(s);
+ *
+ * Conventions (every function follows them):
+ *  - Status: every function except the *_destroy functions, the *_init
+ *    functions and the three error/version queries returns fsdp2_status_t.
+ *    On failure fsdp2_last_error() returns a message saying what was wrong
+ *    (per thread, valid until this thread's next failed call). No C++
+ *    exception ever crosses this boundary, and a failed call leaves its
+ *    output arguments unchanged.
+ *  - Handles are opaque. Each *_create has a *_destroy that accepts NULL.
+ *    A destroyed or never-created handle passed to any function gives
+ *    FSDP2_ERROR_INVALID_HANDLE (handles are never reused), never a crash.
+ *  - Ownership is written on every function: "borrowed" inputs are only
+ *    read during the call; "caller-owned" outputs are written into memory
+ *    the caller provides; memory the library allocates for the caller is
+ *    freed with fsdp2_free() and nothing else.
+ *  - Collective: marked functions must be called by every rank of the job,
+ *    in the same order, or they wait until the strategy's timeout.
+ *  - Threads: the library may be called from several threads, but one
+ *    strategy (and the model and loader connected to it) is used by one
+ *    thread at a time.
+ *  - Enumerations are passed and stored as int32_t (the size of a C enum
+ *    is up to the compiler); any other value is refused with
+ *    FSDP2_ERROR_INVALID_ARGUMENT.
+ *  - Option structs start with struct_size = sizeof(the struct) as the
+ *    caller compiled it; later versions only append fields, and fields
+ *    beyond an old caller's struct_size take their defaults. Always call
+ *    the matching *_init() first.
+ */
+#ifndef FSDP2_C_API_FSDP2_H_
+#define FSDP2_C_API_FSDP2_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define FSDP2_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define FSDP2_API __attribute__((visibility("default")))
+#else
+#define FSDP2_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ABI version: bumped on every incompatible change (never, we hope), while
+ * compatible additions bump the minor number. */
+#define FSDP2_ABI_VERSION_MAJOR 1
+#define FSDP2_ABI_VERSION_MINOR 0
+#define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
+
+/* ------------------------------------------------------------------------
+ * Status, errors, version, memory
+ * ---------------------------------------------------------------------- */
+
+typedef enum fsdp2_status {
+  FSDP2_OK = 0,
+  FSDP2_ERROR_INVALID_ARGUMENT = 1, /* bad value, NULL pointer, bad JSON */
+  FSDP2_ERROR_INVALID_HANDLE = 2,   /* NULL, destroyed or foreign handle */
+  FSDP2_ERROR_WRONG_ORDER = 3,      /* e.g. training before parallelize */
+  FSDP2_ERROR_SHAPE = 4,            /* a buffer's dtype or shape is wrong */
+  FSDP2_ERROR_IO = 5,               /* files: checkpoints, token files */
+  FSDP2_ERROR_RUNTIME = 6,          /* communication, timeouts, LibTorch */
+  FSDP2_ERROR_OUT_OF_MEMORY = 7,
+  FSDP2_ERROR_INTERNAL = 8          /* a bug in fsdp2: please report it */
+} fsdp2_status_t;
+
+/* The message of this thread's last failed call ("" if none). Borrowed:
+ * valid until this thread's next failed call. Never NULL. */
+FSDP2_API const char* fsdp2_last_error(void);
+
+/* A constant name for a status, e.g. "FSDP2_ERROR_SHAPE". Never NULL. */
+FSDP2_API const char* fsdp2_status_name(int32_t status);
+
+/* FSDP2_ABI_VERSION of the loaded library; compare with the macro to detect
+ * a header/library mismatch. */
+FSDP2_API int32_t fsdp2_abi_version(void);
+
+/* The library's version and build, e.g. "fsdp2 1.0 (LibTorch 1.13.1, cpu)".
+ * Static storage. */
+FSDP2_API const char* fsdp2_version_string(void);
+
+/* Frees memory that the library allocated for the caller (see
+ * fsdp2_strategy_optimizer_state_dict). Accepts NULL. */
+FSDP2_API void fsdp2_free(void* pointer);
+
+/* ------------------------------------------------------------------------
+ * Launching ranks
+ * ---------------------------------------------------------------------- */
+
+/* Writes 1 to *is_rank if this process is one rank of a job (started by
+ * fsdp2_launch_local, torchrun, srun or mpirun: RANK, SLURM_PROCID or
+ * OMPI_COMM_WORLD_RANK is set), else 0. */
+FSDP2_API fsdp2_status_t fsdp2_is_rank_process(int32_t* is_rank);
+
+/* Runs this program again as `nproc` ranks on this machine (torchrun's
+ * --nproc-per-node): the current executable is started with argv (borrowed:
+ * the full command line, argv[0] first; for an interpreter, the script and
+ * its arguments follow) and RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+ * MASTER_PORT set; their output is forwarded with "[rank r]" prefixes; if
+ * one rank fails the others are stopped. threads_per_rank 0: cores / nproc.
+ * Writes 0 to *exit_code when every rank succeeded, else the first failing
+ * rank's code (128 + signal if killed). Blocks until all ranks end. */
+FSDP2_API fsdp2_status_t fsdp2_launch_local(int32_t nproc, int32_t threads_per_rank,
+                                            int argc, char** argv,
+                                            int32_t* exit_code);
+
+/* ------------------------------------------------------------------------
+ * Tensors: caller-owned buffers described by pointer, dtype and shape
+ * ---------------------------------------------------------------------- */
+
+typedef enum fsdp2_dtype {
+  FSDP2_DTYPE_FLOAT32 = 0,
+  FSDP2_DTYPE_FLOAT64 = 1,
+  FSDP2_DTYPE_BFLOAT16 = 2,
+  FSDP2_DTYPE_FLOAT16 = 3,
+  FSDP2_DTYPE_INT64 = 4,
+  FSDP2_DTYPE_INT32 = 5,
+  FSDP2_DTYPE_UINT16 = 6, /* token files only */
+  FSDP2_DTYPE_UINT8 = 7
+} fsdp2_dtype_t;
+
+#define FSDP2_MAX_DIMS 8
+
+/* A dense, C-contiguous (row-major) array in host memory. `data` is
+ * borrowed for the duration of the call that receives it; the library never
+ * keeps the pointer (inputs are copied or used in place during the call). */
+typedef struct fsdp2_tensor {
+  void* data;
+  int32_t dtype; /* an fsdp2_dtype_t */
+  int32_t ndim; /* 0..FSDP2_MAX_DIMS */
+  int64_t shape[FSDP2_MAX_DIMS];
+} fsdp2_tensor_t;
+
+/* Size in bytes of one element of `dtype`, 0 for an unknown dtype. */
+FSDP2_API size_t fsdp2_dtype_size(int32_t dtype);
+
+/* ------------------------------------------------------------------------
+ * Strategy options
+ * ---------------------------------------------------------------------- */
+
+typedef enum fsdp2_sharding_strategy {
+  FSDP2_FULL_SHARD = 0,    /* shard params, grads, optimizer state */
+  FSDP2_SHARD_GRAD_OP = 1, /* keep params unsharded from forward to backward */
+  FSDP2_NO_SHARD = 2,      /* replicate, all-reduce gradients (DDP) */
+  FSDP2_HYBRID_SHARD = 3   /* shard within groups, replicate across them */
+} fsdp2_sharding_strategy_t;
+
+typedef enum fsdp2_precision {
+  FSDP2_PRECISION_FP32 = 0, /* everything in float32 */
+  FSDP2_PRECISION_BF16 = 1  /* bf16 params and compute, fp32 reductions */
+} fsdp2_precision_t;
+
+typedef enum fsdp2_backend {
+  FSDP2_BACKEND_GLOO = 0, /* CPU */
+  FSDP2_BACKEND_NCCL = 1  /* CUDA builds */
+} fsdp2_backend_t;
+
+typedef enum fsdp2_checkpoint_format {
+  FSDP2_CHECKPOINT_SHARDED = 0, /* a directory; every rank writes its rows */
+  FSDP2_CHECKPOINT_FULL = 1     /* one safetensors file, written by rank 0 */
+} fsdp2_checkpoint_format_t;
+
+typedef struct fsdp2_strategy_options {
+  size_t struct_size;           /* sizeof(fsdp2_strategy_options_t) */
+  int32_t data_parallel_size;   /* 0: "auto" */
+  int32_t tensor_parallel_size; /* 0: "auto" */
+  int32_t sharding_strategy;     /* an fsdp2_sharding_strategy_t */
+  int32_t reshard_after_forward; /* -1: the strategy's default, 0: no, 1: yes */
+  int32_t shard_group_size;      /* HYBRID_SHARD ranks per group; 0: a node */
+  int32_t precision;             /* an fsdp2_precision_t; default BF16 */
+  int32_t cpu_offload;           /* 0 or 1 */
+  int32_t backend;               /* an fsdp2_backend_t */
+  int64_t timeout_ms;            /* collectives and rendezvous; > 0 */
+  int32_t checkpoint_format;     /* an fsdp2_checkpoint_format_t */
+  uint64_t seed;                 /* every rank is seeded with it */
+  /* The data sampler (loaders made by this strategy). */
+  int32_t shuffle;   /* 0 or 1 */
+  int32_t drop_last; /* 1: drop a last partial global batch; 0: pad it */
+} fsdp2_strategy_options_t;
+
+/* Fills `options` with the defaults: auto sizes, FULL_SHARD, BF16, gloo,
+ * 5 minutes, sharded checkpoints, seed 0, shuffle, drop_last. */
+FSDP2_API void fsdp2_strategy_options_init(fsdp2_strategy_options_t* options);
+
+/* Updates `options` from a JSON object whose keys are the field names
+ * above (sizes may also be "auto"; enums are strings: "full_shard",
+ * "bf16"/"fp32", "gloo"/"nccl", "sharded"/"full"), e.g.
+ *   {"data_parallel_size": "auto", "sharding_strategy": "no_shard"}
+ * Keys not given keep their value. Unknown keys, wrong types and bad JSON
+ * fail with FSDP2_ERROR_INVALID_ARGUMENT and leave `options` unchanged.
+ * `json` is borrowed. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_options_from_json(
+    const char* json, fsdp2_strategy_options_t* options);
+
+/* ------------------------------------------------------------------------
+ * Models
+ * ---------------------------------------------------------------------- */
+
+typedef struct fsdp2_model fsdp2_model_t;
+typedef struct fsdp2_strategy fsdp2_strategy_t;
+
+/* Builds a model from a JSON configuration (borrowed). Families:
+ *  - GPT-style decoder (token embedding, pre-LayerNorm transformer blocks,
+ *    tied LM head); batch = {tokens [B,T] int64/int32, targets [B,T]},
+ *    loss = mean next-token cross-entropy, prediction = logits [B,T,vocab]
+ *    float32:
+ *      {"family": "gpt", "vocab_size": 256, "block_size": 64,
+ *       "n_layer": 2, "n_head": 2, "n_embd": 64}
+ *  - MLP with residual blocks; batch = {x [B,in] float32/float64,
+ *    y [B,out] float (mean squared error) or [B] int64 (cross-entropy)},
+ *    prediction = [B,out]:
+ *      {"family": "mlp", "in_features": 16, "hidden": 32,
+ *       "out_features": 4, "depth": 2}
+ * Omitted sizes take the values shown. Parameters are initialised from the
+ * global generator: create the model after fsdp2_strategy_setup_environment
+ * (which seeds every rank alike) so every rank starts equal.
+ * Each transformer/residual block becomes one FSDP unit, then the root. */
+FSDP2_API fsdp2_status_t fsdp2_model_create(const char* config_json,
+                                            fsdp2_model_t** out);
+
+/* As fsdp2_model_create, but built under the strategy's
+ * tensor_init_context(): the parameters take no memory until
+ * fsdp2_strategy_parallelize, which gives each rank only its rows of them,
+ * with values bit-identical to fsdp2_model_create after the same seed. So a
+ * model larger than one rank's memory can be built. After
+ * setup_environment; not with tensor_parallel_size > 1 (parallelize says
+ * so). */
+FSDP2_API fsdp2_status_t fsdp2_model_create_deferred(fsdp2_strategy_t* strategy,
+                                                     const char* config_json,
+                                                     fsdp2_model_t** out);
+
+/* Loads a TorchScript module saved by torch.jit.save (Python) or
+ * torch::jit::Module::save. Its forward takes the batch's first tensor;
+ * `loss` names the loss between the output and the batch's second tensor:
+ * "mse" or "cross_entropy". The whole module becomes ONE FSDP unit: its
+ * parameters, gradients and optimizer state are sharded at rest, and all of
+ * its parameters are gathered together for each forward and backward (no
+ * per-block granularity: TorchScript modules have no ModuleList to split). */
+FSDP2_API fsdp2_status_t fsdp2_model_load_torchscript(const char* path,
+                                                      const char* loss,
+                                                      fsdp2_model_t** out);
+
+/* Releases the caller's reference. A strategy the model is connected to
+ * keeps its own. Accepts NULL. */
+FSDP2_API void fsdp2_model_destroy(fsdp2_model_t* model);
+
+/* Number of parameter tensors and elements (global, unsharded). */
+FSDP2_API fsdp2_status_t fsdp2_model_num_parameters(const fsdp2_model_t* model,
+                                                    int64_t* num_tensors,
+                                                    int64_t* num_elements);
+
+/* ------------------------------------------------------------------------
+ * Optimizer
+ * ---------------------------------------------------------------------- */
+
+typedef enum fsdp2_optimizer_kind {
+  FSDP2_OPTIMIZER_ADAMW = 0,
+  FSDP2_OPTIMIZER_ADAM = 1,
+  FSDP2_OPTIMIZER_SGD = 2
+} fsdp2_optimizer_kind_t;
+
+typedef struct fsdp2_optimizer_options {
+  size_t struct_size; /* sizeof(fsdp2_optimizer_options_t) */
+  int32_t kind;       /* an fsdp2_optimizer_kind_t */
+  double lr;
+  double beta1, beta2, eps; /* Adam(W) */
+  double weight_decay;
+  double momentum;          /* SGD */
+} fsdp2_optimizer_options_t;
+
+/* Defaults: AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay
+ * 0.01, momentum 0. */
+FSDP2_API void fsdp2_optimizer_options_init(fsdp2_optimizer_options_t* options);
+
+/* As fsdp2_strategy_options_from_json: keys are the field names; "kind" is
+ * "adamw", "adam" or "sgd". */
+FSDP2_API fsdp2_status_t fsdp2_optimizer_options_from_json(
+    const char* json, fsdp2_optimizer_options_t* options);
+
+/* ------------------------------------------------------------------------
+ * The strategy
+ * ---------------------------------------------------------------------- */
+
+typedef struct fsdp2_dataloader fsdp2_dataloader_t;
+
+/* Creates a strategy (no communication yet). `options` is borrowed; NULL
+ * means the defaults. Invalid options fail here with a message saying what
+ * to change. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_create(
+    const fsdp2_strategy_options_t* options, fsdp2_strategy_t** out);
+
+/* Tears down (as fsdp2_strategy_teardown) and frees. Accepts NULL. */
+FSDP2_API void fsdp2_strategy_destroy(fsdp2_strategy_t* strategy);
+
+/* Collective. Reads the cluster environment (torchrun's RANK/WORLD_SIZE/
+ * MASTER_ADDR/MASTER_PORT, SLURM, Open MPI; none: one process), joins the
+ * process group, builds the (dp, tp) device mesh and seeds every rank. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_setup_environment(
+    fsdp2_strategy_t* strategy);
+
+/* This process's rank, the world size, and its data-parallel rank and size.
+ * After setup_environment. Any output may be NULL. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_rank_info(const fsdp2_strategy_t* strategy,
+                                                  int32_t* rank,
+                                                  int32_t* world_size,
+                                                  int32_t* data_parallel_rank,
+                                                  int32_t* data_parallel_size);
+
+/* Attaches the model to train and how to build its optimizer (`optimizer`
+ * borrowed; NULL: defaults). The strategy keeps a reference to the model.
+ * Once, before parallelize. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_connect(
+    fsdp2_strategy_t* strategy, fsdp2_model_t* model,
+    const fsdp2_optimizer_options_t* optimizer);
+
+/* Collective. Shards the model (each block, then the root) and builds the
+ * optimizer over the local shards. A second call does nothing. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_parallelize(fsdp2_strategy_t* strategy);
+
+typedef struct fsdp2_step_options {
+  size_t struct_size;              /* sizeof(fsdp2_step_options_t) */
+  /* The batch's rows are split into this many equal micro-batches; their
+   * gradients accumulate locally and are reduced once, on the last. */
+  int32_t accumulate_grad_batches; /* >= 1; rows must divide evenly */
+  double gradient_clip_val;        /* global max norm; 0: no clipping */
+} fsdp2_step_options_t;
+
+/* Defaults: no accumulation, no clipping. */
+FSDP2_API void fsdp2_step_options_init(fsdp2_step_options_t* options);
+
+typedef struct fsdp2_step_result {
+  double loss;      /* mean over micro-batches and data-parallel ranks */
+  double grad_norm; /* global norm before clipping (0 without clipping) */
+  int64_t step;     /* optimizer steps taken so far */
+} fsdp2_step_result_t;
+
+/* Collective. One optimizer step on this rank's rows of the global batch:
+ * forward, backward, gradient reduction (reduce-scatter), clipping and the
+ * optimizer step; applies a pending load_optimizer_state_dict first.
+ * `batch` is `num_tensors` borrowed, caller-owned tensors (see the model
+ * family for what they are); `options` NULL means the defaults. The result
+ * is written to the caller-owned `result` (may be NULL). */
+FSDP2_API fsdp2_status_t fsdp2_strategy_training_step(
+    fsdp2_strategy_t* strategy, const fsdp2_tensor_t* batch, size_t num_tensors,
+    int64_t batch_idx, const fsdp2_step_options_t* options,
+    fsdp2_step_result_t* result);
+
+/* Collective. The loss of `batch` without gradients, averaged over the
+ * data-parallel ranks, into the caller-owned `loss`. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_validation_step(
+    fsdp2_strategy_t* strategy, const fsdp2_tensor_t* batch, size_t num_tensors,
+    int64_t batch_idx, double* loss);
+FSDP2_API fsdp2_status_t fsdp2_strategy_test_step(
+    fsdp2_strategy_t* strategy, const fsdp2_tensor_t* batch, size_t num_tensors,
+    int64_t batch_idx, double* loss);
+
+/* The shape predict_step gives for `batch` (the model family's prediction,
+ * see fsdp2_model_create), into the caller-owned `output`'s dtype, ndim and
+ * shape (its data is not touched). */
+FSDP2_API fsdp2_status_t fsdp2_strategy_predict_shape(
+    fsdp2_strategy_t* strategy, const fsdp2_tensor_t* batch, size_t num_tensors,
+    fsdp2_tensor_t* output);
+
+/* Collective (the forward gathers parameters). This rank's prediction for
+ * its rows, written into the caller-owned `output`, whose dtype and shape
+ * must be what fsdp2_strategy_predict_shape says (FSDP2_ERROR_SHAPE
+ * otherwise, with the expected shape in the message). */
+FSDP2_API fsdp2_status_t fsdp2_strategy_predict_step(
+    fsdp2_strategy_t* strategy, const fsdp2_tensor_t* batch, size_t num_tensors,
+    int64_t batch_idx, fsdp2_tensor_t* output);
+
+/* Collective. Writes model, optimizer state and the epoch/step counters to
+ * `path` (borrowed) in the strategy's checkpoint format, atomically: a kill
+ * mid-save leaves the previous checkpoint loadable. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_save_checkpoint(
+    fsdp2_strategy_t* strategy, const char* path);
+
+/* Collective. Loads a checkpoint of either format, saved on any number of
+ * ranks, into the parallelized model and optimizer and restores the
+ * counters. Every tensor's checksum is verified; on error the model is
+ * unchanged. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_load_checkpoint(
+    fsdp2_strategy_t* strategy, const char* path);
+
+/* Collective. Deletes a checkpoint written by fsdp2; refuses other paths. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_remove_checkpoint(
+    fsdp2_strategy_t* strategy, const char* path);
+
+/* This rank's optimizer state (the state of its shards), serialized, in
+ * memory the library allocates: free *data with fsdp2_free. After
+ * parallelize. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_optimizer_state_dict(
+    fsdp2_strategy_t* strategy, void** data, size_t* size);
+
+/* Keeps a copy of `data` (borrowed) and applies it at the next training
+ * step, once (deferred restoration, as the spec's
+ * load_optimizer_state_dict). */
+FSDP2_API fsdp2_status_t fsdp2_strategy_load_optimizer_state_dict(
+    fsdp2_strategy_t* strategy, const void* data, size_t size);
+
+/* Whether an optimizer state waits for the next training step. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_has_pending_optimizer_state(
+    const fsdp2_strategy_t* strategy, int32_t* pending);
+
+/* The model's parameters, in order: how many there are, and the name,
+ * dtype and global (unsharded) shape of one of them. The name is borrowed
+ * and lives as long as the strategy. After parallelize. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_num_parameters(
+    const fsdp2_strategy_t* strategy, int64_t* count);
+FSDP2_API fsdp2_status_t fsdp2_strategy_parameter_info(
+    const fsdp2_strategy_t* strategy, int64_t index, const char** name,
+    fsdp2_tensor_t* info);
+
+/* Collective. Copies the full (unsharded) value of parameter `name` into the
+ * caller-owned `value` (its dtype and shape must match parameter_info). */
+FSDP2_API fsdp2_status_t fsdp2_strategy_get_parameter(fsdp2_strategy_t* strategy,
+                                                      const char* name,
+                                                      fsdp2_tensor_t* value);
+
+/* Sets parameter `name` from a full value (borrowed; same dtype and shape):
+ * each rank keeps its own rows, so every rank must pass the same value. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_set_parameter(
+    fsdp2_strategy_t* strategy, const char* name, const fsdp2_tensor_t* value);
+
+/* Epoch and optimizer steps taken (restored by load_checkpoint). */
+FSDP2_API fsdp2_status_t fsdp2_strategy_current_epoch_step(
+    const fsdp2_strategy_t* strategy, int64_t* epoch, int64_t* step);
+FSDP2_API fsdp2_status_t fsdp2_strategy_set_epoch(fsdp2_strategy_t* strategy,
+                                                  int64_t epoch);
+
+/* Collective. Waits until every rank arrives. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_barrier(fsdp2_strategy_t* strategy);
+
+/* Drops the optimizer and pending state; the strategy can no longer train. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_teardown(fsdp2_strategy_t* strategy);
+
+/* ------------------------------------------------------------------------
+ * Data loaders: batches read natively, no copying by the caller
+ * ---------------------------------------------------------------------- */
+
+typedef struct fsdp2_token_loader_options {
+  size_t struct_size;        /* sizeof(fsdp2_token_loader_options_t) */
+  int32_t token_dtype;       /* UINT8 (a text file's bytes), UINT16, INT32 */
+  int64_t block_size;        /* tokens per sample; windows hold block_size+1 */
+  int64_t global_batch_size; /* rows per step over all data-parallel ranks */
+  /* The part of the file's windows this loader uses, as fractions of them:
+   * e.g. [0, 0.95) for training and [0.95, 1) for validation. */
+  double begin_fraction;
+  double end_fraction;
+} fsdp2_token_loader_options_t;
+
+/* Defaults: UINT8, block 64, global batch 8, the whole file. */
+FSDP2_API void fsdp2_token_loader_options_init(
+    fsdp2_token_loader_options_t* options);
+
+/* Memory-maps a file of tokens (native byte order) and cuts it into
+ * non-overlapping windows of block_size + 1 tokens: inputs are the first
+ * block_size, targets the last. The strategy's sampler (after
+ * setup_environment) decides this rank's rows of each global batch, so the
+ * sequence of global batches does not depend on the number of ranks. */
+FSDP2_API fsdp2_status_t fsdp2_dataloader_create_from_token_file(
+    fsdp2_strategy_t* strategy, const char* path,
+    const fsdp2_token_loader_options_t* options, fsdp2_dataloader_t** out);
+
+/* Accepts NULL. */
+FSDP2_API void fsdp2_dataloader_destroy(fsdp2_dataloader_t* loader);
+
+/* Global batches per epoch. */
+FSDP2_API fsdp2_status_t fsdp2_dataloader_num_batches(
+    const fsdp2_dataloader_t* loader, int64_t* count);
+
+/* Reshuffles for `epoch` (the order depends only on the seed and epoch). */
+FSDP2_API fsdp2_status_t fsdp2_dataloader_set_epoch(fsdp2_dataloader_t* loader,
+                                                    int64_t epoch);
+
+/* As training_step / validation_step, on the loader's batch `batch_idx`. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_training_step_loader(
+    fsdp2_strategy_t* strategy, fsdp2_dataloader_t* loader, int64_t batch_idx,
+    const fsdp2_step_options_t* options, fsdp2_step_result_t* result);
+FSDP2_API fsdp2_status_t fsdp2_strategy_validation_step_loader(
+    fsdp2_strategy_t* strategy, fsdp2_dataloader_t* loader, int64_t batch_idx,
+    double* loss);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FSDP2_C_API_FSDP2_H_ */

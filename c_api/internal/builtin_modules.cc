@@ -1,0 +1,358 @@
+#include "c_api/internal/builtin_modules.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "c_api/internal/errors.h"
+#include "core/fsdp/fully_shard.h"
+#include "core/models/gpt.h"
+#include "core/models/mlp.h"
+
+namespace fsdp2 {
+namespace c_api {
+namespace {
+
+namespace F = torch::nn::functional;
+using strategy::Batch;
+
+std::string ShapeString(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes() << " " << t.dtype();
+  return s.str();
+}
+
+void RequireTensors(const Batch& batch, size_t n, const char* what) {
+  if (batch.size() < n) {
+    throw ShapeError("the batch has " + std::to_string(batch.size()) +
+                     " tensor(s); this model needs " + what);
+  }
+}
+
+bool IsInteger(const at::Tensor& t) {
+  return t.scalar_type() == at::kLong || t.scalar_type() == at::kInt ||
+         t.scalar_type() == at::kByte;
+}
+
+// Reads the keys of `config` into `fields`, refusing unknown keys and
+// values that are not positive integers.
+void ReadSizes(const nlohmann::json& config, const std::string& family,
+               const std::map<std::string, int64_t*>& fields) {
+  for (const auto& [key, value] : config.items()) {
+    if (key == "family") continue;
+    auto it = fields.find(key);
+    if (it == fields.end()) {
+      std::string known;
+      for (const auto& f : fields) known += (known.empty() ? "" : ", ") + f.first;
+      throw std::invalid_argument("model \"" + family + "\": unknown key \"" + key +
+                                  "\" (known: family, " + known + ")");
+    }
+    if (!value.is_number_integer() || value.get<int64_t>() < 1) {
+      throw std::invalid_argument("model \"" + family + "\": \"" + key +
+                                  "\" must be a positive integer, got " + value.dump());
+    }
+    *it->second = value.get<int64_t>();
+  }
+}
+
+class GPTModule : public BuiltinModule {
+ public:
+  explicit GPTModule(const models::GPTConfig& config) : gpt_(config) {}
+  std::shared_ptr<torch::nn::Module> module() override { return gpt_.ptr(); }
+  std::string family() const override { return "gpt"; }
+
+  void CheckBatch(const Batch& batch) override {
+    RequireTensors(batch, 2, "{tokens [B,T], targets [B,T]}");
+    CheckTokens(batch[0], "tokens");
+    CheckTokens(batch[1], "targets");
+    if (!batch[0].sizes().equals(batch[1].sizes())) {
+      throw ShapeError("targets " + ShapeString(batch[1]) +
+                       " must have the shape of tokens " + ShapeString(batch[0]));
+    }
+  }
+  std::vector<int64_t> PredictShape(const Batch& batch) override {
+    RequireTensors(batch, 1, "{tokens [B,T]}");
+    CheckTokens(batch[0], "tokens");
+    return {batch[0].size(0), batch[0].size(1), gpt_->config().vocab_size};
+  }
+
+ protected:
+  at::Tensor Loss(const Batch& batch) override {
+    CheckBatch(batch);
+    return models::LanguageModelLoss(fsdp::forward(gpt_, batch[0].to(at::kLong)),
+                                     batch[1].to(at::kLong));
+  }
+  at::Tensor Predict(const Batch& batch) override {
+    PredictShape(batch);
+    return fsdp::forward(gpt_, batch[0].to(at::kLong));
+  }
+
+ private:
+  void CheckTokens(const at::Tensor& t, const char* name) const {
+    const auto& c = gpt_->config();
+    if (t.dim() != 2 || !IsInteger(t)) {
+      throw ShapeError(std::string(name) + " must be a 2-D integer tensor [B, T], got " +
+                       ShapeString(t));
+    }
+    if (t.size(1) < 1 || t.size(1) > c.block_size) {
+      throw ShapeError(std::string(name) + " has " + std::to_string(t.size(1)) +
+                       " tokens per row; the model takes 1 to block_size = " +
+                       std::to_string(c.block_size));
+    }
+    if (t.numel() > 0) {
+      const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+      if (lo < 0 || hi >= c.vocab_size) {
+        throw std::invalid_argument(std::string(name) + " hold token " +
+                                    std::to_string(lo < 0 ? lo : hi) +
+                                    ", outside the vocabulary [0, " +
+                                    std::to_string(c.vocab_size) + ")");
+      }
+    }
+  }
+  models::GPT gpt_;
+};
+
+// Loss between a model's output [B, out] and targets: MSE for floating
+// targets of the output's shape, cross-entropy for class indices [B].
+at::Tensor RegressionOrClassLoss(const at::Tensor& out, const at::Tensor& y) {
+  if (IsInteger(y)) {
+    if (y.dim() != 1 || y.size(0) != out.size(0)) {
+      throw ShapeError("class targets must be [B] = [" + std::to_string(out.size(0)) +
+                       "], got " + ShapeString(y));
+    }
+    const int64_t classes = out.size(-1);
+    if (y.numel() > 0 && (y.min().item<int64_t>() < 0 || y.max().item<int64_t>() >= classes)) {
+      throw std::invalid_argument("class targets must lie in [0, " + std::to_string(classes) + ")");
+    }
+    return F::cross_entropy(out, y.to(at::kLong));
+  }
+  if (!y.sizes().equals(out.sizes())) {
+    std::ostringstream s;
+    s << "regression targets must have the output's shape " << out.sizes() << ", got "
+      << ShapeString(y);
+    throw ShapeError(s.str());
+  }
+  return F::mse_loss(out, y.to(out.scalar_type()));
+}
+
+class MLPModule : public BuiltinModule {
+ public:
+  explicit MLPModule(const models::MLPConfig& config) : config_(config), mlp_(config) {}
+  std::shared_ptr<torch::nn::Module> module() override { return mlp_.ptr(); }
+  std::string family() const override { return "mlp"; }
+
+  void CheckBatch(const Batch& batch) override {
+    RequireTensors(batch, 2, "{x [B,in], y [B,out] or [B]}");
+    CheckInput(batch[0]);
+  }
+  std::vector<int64_t> PredictShape(const Batch& batch) override {
+    RequireTensors(batch, 1, "{x [B,in]}");
+    CheckInput(batch[0]);
+    return {batch[0].size(0), config_.out_features};
+  }
+
+ protected:
+  at::Tensor Loss(const Batch& batch) override {
+    CheckBatch(batch);
+    return RegressionOrClassLoss(Predict(batch), batch[1]);
+  }
+  at::Tensor Predict(const Batch& batch) override {
+    PredictShape(batch);
+    return fsdp::forward(mlp_, batch[0].to(at::kFloat)).to(at::kFloat);
+  }
+
+ private:
+  void CheckInput(const at::Tensor& x) const {
+    if (x.dim() != 2 || x.size(1) != config_.in_features || !x.is_floating_point()) {
+      throw ShapeError("x must be a floating-point [B, " +
+                       std::to_string(config_.in_features) + "] tensor, got " +
+                       ShapeString(x));
+    }
+  }
+  models::MLPConfig config_;
+  models::MLP mlp_;
+};
+
+// A TorchScript module as a torch::nn::Module: its parameters are registered
+// here as the very tensors the script module holds, so when FSDP swaps their
+// storage (unshard/reshard), the script's forward sees the full values.
+class ScriptWrapperImpl : public torch::nn::Module {
+ public:
+  explicit ScriptWrapperImpl(torch::jit::Module script) : script_(std::move(script)) {
+    int i = 0;
+    for (const auto& p : script_.named_parameters(/*recurse=*/true)) {
+      // Dots are not allowed in registered names.
+      std::string name = p.name;
+      for (char& c : name) c = c == '.' ? '_' : c;
+      if (name.empty()) name = "param_" + std::to_string(i);
+      register_parameter(name, p.value, p.value.requires_grad());
+      ++i;
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    c10::IValue out = script_.forward({x});
+    if (!out.isTensor()) {
+      throw std::invalid_argument("the TorchScript module's forward must return a tensor");
+    }
+    return out.toTensor();
+  }
+
+ private:
+  torch::jit::Module script_;
+};
+TORCH_MODULE(ScriptWrapper);
+
+class TorchScriptModule : public BuiltinModule {
+ public:
+  TorchScriptModule(torch::jit::Module script, std::string loss)
+      : wrapper_(std::move(script)), loss_(std::move(loss)) {}
+  std::shared_ptr<torch::nn::Module> module() override { return wrapper_.ptr(); }
+  std::string family() const override { return "torchscript"; }
+
+  void CheckBatch(const Batch& batch) override {
+    RequireTensors(batch, 2, "{input, target}");
+  }
+  std::vector<int64_t> PredictShape(const Batch& batch) override {
+    RequireTensors(batch, 1, "{input}");
+    at::NoGradGuard no_grad;
+    return Predict(batch).sizes().vec();  // the script's shape rules are its own
+  }
+
+ protected:
+  at::Tensor Loss(const Batch& batch) override {
+    CheckBatch(batch);
+    at::Tensor out = Predict(batch);
+    if (loss_ == "cross_entropy") {
+      if (!IsInteger(batch[1])) throw ShapeError("cross_entropy needs integer class targets");
+      return F::cross_entropy(out.reshape({-1, out.size(-1)}), batch[1].reshape({-1}).to(at::kLong));
+    }
+    if (!batch[1].sizes().equals(out.sizes())) {
+      std::ostringstream s;
+      s << "mse targets must have the output's shape " << out.sizes() << ", got "
+        << ShapeString(batch[1]);
+      throw ShapeError(s.str());
+    }
+    return F::mse_loss(out, batch[1].to(out.scalar_type()));
+  }
+  at::Tensor Predict(const Batch& batch) override {
+    at::Tensor x = batch[0].is_floating_point() ? batch[0].to(at::kFloat) : batch[0];
+    return fsdp::forward(wrapper_, x);
+  }
+
+ private:
+  ScriptWrapper wrapper_;
+  std::string loss_;
+};
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> BuiltinModule::configure_optimizers() {
+  fsdp2_optimizer_options_t o = optimizer_;
+  if (o.struct_size == 0) fsdp2_optimizer_options_init(&o);
+  auto params = module()->parameters();
+  switch (o.kind) {
+    case FSDP2_OPTIMIZER_ADAMW:
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(o.lr)
+                      .betas({o.beta1, o.beta2})
+                      .eps(o.eps)
+                      .weight_decay(o.weight_decay));
+    case FSDP2_OPTIMIZER_ADAM:
+      return std::make_unique<torch::optim::Adam>(
+          params, torch::optim::AdamOptions(o.lr)
+                      .betas({o.beta1, o.beta2})
+                      .eps(o.eps)
+                      .weight_decay(o.weight_decay));
+    case FSDP2_OPTIMIZER_SGD:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(
+                      o.weight_decay));
+  }
+  throw std::invalid_argument("unknown optimizer kind " + std::to_string(o.kind));
+}
+
+at::Tensor BuiltinModule::predict_step(const strategy::Batch& batch, int64_t) {
+  return Predict(batch);
+}
+
+std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& text) {
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("model configuration is not valid JSON: ") +
+                                e.what());
+  }
+  if (!config.is_object() || !config.contains("family") || !config["family"].is_string()) {
+    throw std::invalid_argument(
+        "model configuration must be a JSON object with \"family\": \"gpt\" or \"mlp\"");
+  }
+  const std::string family = config["family"].get<std::string>();
+  if (family == "gpt") {
+    models::GPTConfig c;
+    ReadSizes(config, family,
+              {{"vocab_size", &c.vocab_size},
+               {"block_size", &c.block_size},
+               {"n_layer", &c.n_layer},
+               {"n_head", &c.n_head},
+               {"n_embd", &c.n_embd}});
+    c.Validate();
+    return std::make_shared<GPTModule>(c);
+  }
+  if (family == "mlp") {
+    models::MLPConfig c;
+    ReadSizes(config, family,
+              {{"in_features", &c.in_features},
+               {"hidden", &c.hidden},
+               {"out_features", &c.out_features},
+               {"depth", &c.depth}});
+    return std::make_shared<MLPModule>(c);
+  }
+  throw std::invalid_argument("unknown model family \"" + family +
+                              "\" (known: gpt, mlp; TorchScript files load with "
+                              "fsdp2_model_load_torchscript)");
+}
+
+std::shared_ptr<BuiltinModule> LoadTorchScriptModule(const std::string& path,
+                                                     const std::string& loss) {
+  if (loss != "mse" && loss != "cross_entropy") {
+    throw std::invalid_argument("TorchScript loss must be \"mse\" or \"cross_entropy\", got \"" +
+                                loss + "\"");
+  }
+  if (!std::filesystem::is_regular_file(path)) {
+    throw IoError("TorchScript file " + path + " does not exist or is not a file");
+  }
+  torch::jit::Module script;
+  try {
+    script = torch::jit::load(path);
+  } catch (const c10::Error& e) {
+    throw IoError("cannot load TorchScript file " + path + ": " + e.what_without_backtrace());
+  }
+  if (!script.find_method("forward")) {
+    throw std::invalid_argument("TorchScript module " + path + " has no forward method");
+  }
+  int64_t trainable = 0, total = 0;
+  for (const auto& p : script.parameters()) {
+    ++total;
+    trainable += p.requires_grad() ? 1 : 0;
+  }
+  if (trainable == 0) {
+    throw std::invalid_argument("TorchScript module " + path + " has no trainable parameters (" +
+                                std::to_string(total) +
+                                " parameters, none with requires_grad); nothing to train");
+  }
+  script.train();
+  return std::make_shared<TorchScriptModule>(std::move(script), loss);
+}
+
+}  // namespace c_api
+}  // namespace fsdp2

@@ -1,0 +1,207 @@
+// fsdp2/c_api/torchscript_test.cc
+//
+// A TorchScript file trains through the C ABI (fsdp2_model_load_torchscript)
+// exactly as LibTorch trains the same script module by hand, on 1 rank and
+// on 2 ranks (the whole module is one FSDP unit, sharded at rest). The
+// script is written here with torch::jit::Module::define and save, as
+// Python's torch.jit.save would.
+//
+// Ranks are processes of this binary (re-run with --worker), meeting through
+// a FileStore; each launch has a timeout.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "c_api/fsdp2.h"
+#include "c_api/fsdp2_cpp.h"
+
+namespace {
+
+using fsdp2_c::Check;
+
+constexpr int kRows = 8, kIn = 5, kOut = 3, kSteps = 4;
+constexpr double kLr = 0.05;
+
+std::string TmpDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+// A two-layer script module with parameters "w1", "b1", "w2".
+std::string WriteScript() {
+  torch::manual_seed(3);
+  torch::jit::Module m("Net");
+  // Trainable parameters, as a Python nn.Module's (requires_grad is saved).
+  m.register_parameter("w1", (at::randn({7, kIn}) * 0.3).set_requires_grad(true), false);
+  m.register_parameter("b1", at::zeros({7}).set_requires_grad(true), false);
+  m.register_parameter("w2", (at::randn({kOut, 7}) * 0.3).set_requires_grad(true), false);
+  m.define(R"(
+def forward(self, x):
+    h = torch.tanh(torch.matmul(x, self.w1.t()) + self.b1)
+    return torch.matmul(h, self.w2.t())
+)");
+  const std::string path = TmpDir() + "/net.pt";
+  m.save(path);
+  return path;
+}
+
+at::Tensor Inputs(int step) {
+  return at::sin(at::arange(kRows * kIn, at::kFloat).view({kRows, kIn}) * (0.3 + 0.1 * step));
+}
+at::Tensor Targets(int step) {
+  return at::cos(at::arange(kRows * kOut, at::kFloat).view({kRows, kOut}) * (0.2 + 0.05 * step));
+}
+
+// The reference: LibTorch training the script module directly.
+std::vector<double> ReferenceLosses(const std::string& path) {
+  torch::jit::Module m = torch::jit::load(path);
+  std::vector<at::Tensor> params;
+  for (const auto& p : m.parameters()) params.push_back(p);
+  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(kLr).weight_decay(0.0));
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    at::Tensor out = m.forward({Inputs(step)}).toTensor();
+    at::Tensor loss = torch::nn::functional::mse_loss(out, Targets(step));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+fsdp2_tensor_t View(const at::Tensor& t) {
+  fsdp2_tensor_t v{};
+  v.data = t.data_ptr();
+  v.dtype = FSDP2_DTYPE_FLOAT32;
+  v.ndim = static_cast<int32_t>(t.dim());
+  for (int64_t d = 0; d < t.dim(); ++d) v.shape[d] = t.size(d);
+  return v;
+}
+
+// One rank: trains through the C ABI and writes its losses (rank 0).
+int Worker(const std::string& script, const std::string& out_path) {
+  fsdp2_strategy_options_t so;
+  fsdp2_strategy_options_init(&so);
+  Check(fsdp2_strategy_options_from_json(R"({"precision": "fp32"})", &so));
+  fsdp2_strategy_t* raw = nullptr;
+  Check(fsdp2_strategy_create(&so, &raw));
+  fsdp2_c::StrategyPtr strategy(raw);
+  Check(fsdp2_strategy_setup_environment(strategy.get()));
+  fsdp2_model_t* model_raw = nullptr;
+  Check(fsdp2_model_load_torchscript(script.c_str(), "mse", &model_raw));
+  fsdp2_c::ModelPtr model(model_raw);
+  fsdp2_optimizer_options_t oo;
+  fsdp2_optimizer_options_init(&oo);
+  oo.lr = kLr;
+  oo.weight_decay = 0.0;
+  Check(fsdp2_strategy_connect(strategy.get(), model.get(), &oo));
+  Check(fsdp2_strategy_parallelize(strategy.get()));
+  int32_t dp_rank = 0, dp_size = 1, rank = 0;
+  Check(fsdp2_strategy_rank_info(strategy.get(), &rank, nullptr, &dp_rank, &dp_size));
+  std::ofstream out;
+  if (rank == 0) out.open(out_path);
+  const int rows = kRows / dp_size;
+  for (int step = 0; step < kSteps; ++step) {
+    at::Tensor x = Inputs(step).narrow(0, dp_rank * rows, rows).contiguous();
+    at::Tensor y = Targets(step).narrow(0, dp_rank * rows, rows).contiguous();
+    fsdp2_tensor_t batch[2] = {View(x), View(y)};
+    fsdp2_step_result_t result;
+    Check(fsdp2_strategy_training_step(strategy.get(), batch, 2, step, nullptr, &result));
+    if (rank == 0) out << result.loss << "\n";
+  }
+  return 0;
+}
+
+std::vector<double> RunRanks(int world, const std::string& script) {
+  const std::string out = TmpDir() + "/ts_losses_" + std::to_string(world);
+  const std::string store = TmpDir() + "/ts_store_" + std::to_string(world);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("FSDP2_STORE_PATH", store.c_str(), 1);
+      execl("/proc/self/exe", "torchscript_test", "--worker", script.c_str(), out.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (pid_t p : pids) kill(p, SIGKILL);
+        ADD_FAILURE() << world << " ranks timed out";
+        waitpid(pid, &status, 0);
+        ok = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
+  }
+  EXPECT_TRUE(ok) << "a rank of the " << world << "-rank run failed";
+  std::vector<double> losses;
+  std::ifstream in(out);
+  for (double v; in >> v;) losses.push_back(v);
+  return losses;
+}
+
+TEST(TorchScriptTest, TrainsLikeLibTorchOnOneAndTwoRanks) {
+  const std::string script = WriteScript();
+  const std::vector<double> reference = ReferenceLosses(script);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(reference.back(), reference.front()) << "the reference did not learn";
+  for (int world : {1, 2}) {
+    const std::vector<double> losses = RunRanks(world, script);
+    ASSERT_EQ(losses.size(), reference.size()) << world << " ranks";
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_NEAR(losses[i], reference[i], 1e-5 * std::abs(reference[i]))
+          << "step " << i << " on " << world << " ranks";
+    }
+  }
+}
+
+TEST(TorchScriptTest, BadFilesAndLossesAreErrors) {
+  fsdp2_model_t* model = nullptr;
+  const std::string junk = TmpDir() + "/junk.pt";
+  std::ofstream(junk) << "not a zip archive";
+  EXPECT_EQ(fsdp2_model_load_torchscript(junk.c_str(), "mse", &model), FSDP2_ERROR_IO);
+  EXPECT_NE(std::string(fsdp2_last_error()).find("cannot load TorchScript file"), std::string::npos)
+      << fsdp2_last_error();
+  EXPECT_EQ(model, nullptr);
+  EXPECT_EQ(fsdp2_model_load_torchscript(WriteScript().c_str(), "l1", &model),
+            FSDP2_ERROR_INVALID_ARGUMENT);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--worker") {
+    try {
+      return Worker(argv[2], argv[3]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "worker: %s\n", e.what());
+      return 1;
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

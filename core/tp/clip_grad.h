@@ -1,0 +1,29 @@
+// fsdp2/core/tp/clip_grad.h
+//
+// Gradient clipping for a model that is tensor-parallel and FSDP-sharded:
+// the global norm counts every element of every parameter once, as
+// torch::nn::utils::clip_grad_norm_ would on the unsplit model. A
+// tensor-parallel parameter's blocks are summed over the tensor-parallel
+// ranks; a replicated one (LayerNorms, embeddings left out of the plan, a
+// row-wise bias), whose gradient is the same on every tensor-parallel rank,
+// is counted once. FSDP shards are summed over their shard groups.
+#ifndef FSDP2_CORE_TP_CLIP_GRAD_H_
+#define FSDP2_CORE_TP_CLIP_GRAD_H_
+
+#include <torch/nn/module.h>
+
+namespace fsdp2 {
+namespace tp {
+
+// Scales the gradients of every parameter under `root` (the local shards'
+// .grad) so that the global norm is at most `max_norm`; returns the norm
+// before clipping. norm_type may be infinity. Collective over the
+// tensor-parallel group and the FSDP shard groups. Without tensor-parallel
+// parameters it equals fsdp::clip_grad_norm_ on a fully sharded root.
+double clip_grad_norm_(torch::nn::Module& root, double max_norm,
+                       double norm_type = 2.0);
+
+}  // namespace tp
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_TP_CLIP_GRAD_H_

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# An example (C or Python; its program is the argument) trains on 2 local
+# ranks, its loss falls, and it leaves a sharded checkpoint with both ranks'
+# files; bad flags exit non-zero.
+set -uo pipefail
+train="$1"
+tmp="${TEST_TMPDIR:-/tmp}"
+out=$(timeout 300 "$train" --nproc 2 --steps 8 --ckpt-dir "$tmp/ckpt" 2>&1) || {
+  echo "FAIL: $train exited non-zero"; echo "$out"; exit 1; }
+echo "$out"
+losses=$(echo "$out" | grep -o 'loss [0-9.]*' | grep -v validation | awk '{print $2}')
+first=$(echo "$losses" | head -1); last=$(echo "$losses" | sed -n 8p)
+[[ $(echo "$losses" | wc -l) -ge 8 ]] || { echo "FAIL: expected 8 step losses"; exit 1; }
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || { echo "FAIL: loss did not fall ($first -> $last)"; exit 1; }
+[[ -f "$tmp/ckpt/metadata.json" ]] || { echo "FAIL: no checkpoint metadata in $tmp/ckpt"; ls -R "$tmp"; exit 1; }
+[[ $(ls "$tmp/ckpt" | grep -c safetensors) -ge 2 ]] || { echo "FAIL: expected a shard file per rank"; ls "$tmp/ckpt"; exit 1; }
+if timeout 60 "$train" --nproc 2 --bogus 1 >/dev/null 2>&1; then echo "FAIL: an unknown flag was accepted"; exit 1; fi
+if timeout 60 "$train" --nproc 1 --steps 1 --data /nonexistent >"$tmp/err" 2>&1; then
+  echo "FAIL: a missing data file was accepted"; exit 1; fi
+grep -q "cannot open token file /nonexistent" "$tmp/err" || { echo "FAIL: unclear error:"; cat "$tmp/err"; exit 1; }
+echo PASS
