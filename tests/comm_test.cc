@@ -33,6 +33,24 @@ void CheckGroupCollectives(comm::ProcessGroup& g, at::ScalarType dtype) {
     Check(out.narrow(0, k * n, n).equal(Contribution(k, n, dtype)),
           "all_gather chunk " + std::to_string(k) + " on " + g.name());
   }
+  // all-gather in place, piece by piece (FSDP's unsharded layout): pieces of
+  // 3, 0 and 5 elements per rank; every rank fills only its own parts.
+  {
+    const std::vector<comm::ProcessGroup::Piece> pieces{{0, 3}, {3, 0}, {3, 5}};
+    at::Tensor buffer = at::full({W * 8}, -1.0, at::kDouble).to(dtype);
+    for (const auto& p : pieces) {
+      buffer.narrow(0, W * p.offset + r * p.numel, p.numel)
+          .copy_(Contribution(r, p.numel, dtype) + p.offset);
+    }
+    g.all_gather_pieces(buffer, pieces).wait();
+    for (const auto& p : pieces) {
+      for (int k = 0; k < W; ++k) {
+        Check(buffer.narrow(0, W * p.offset + k * p.numel, p.numel)
+                  .equal(Contribution(k, p.numel, dtype) + p.offset),
+              "all_gather_pieces part " + std::to_string(k) + " on " + g.name());
+      }
+    }
+  }
   // reduce-scatter, both algorithms: slice r of the elementwise sum.
   at::Tensor sum = at::zeros({W * n}, dtype);
   for (int k = 0; k < W; ++k) sum += Contribution(k, W * n, dtype);

@@ -144,6 +144,70 @@ CommHandle ProcessGroup::all_gather_into_flat(at::Tensor output,
       });
 }
 
+CommHandle ProcessGroup::all_gather_pieces(at::Tensor buffer,
+                                           std::vector<Piece> pieces,
+                                           Lane lane) {
+  CheckContiguous(buffer, "buffer", "all_gather_pieces");
+  const int world = size();
+  int64_t per_rank = 0;
+  for (const auto& p : pieces) {
+    TORCH_CHECK(p.offset >= 0 && p.numel >= 0 &&
+                    world * (p.offset + p.numel) <= buffer.numel(),
+                "all_gather_pieces: piece [", p.offset, ", +", p.numel,
+                ") does not fit a buffer of ", buffer.numel(), " elements");
+    per_rank += p.numel;
+  }
+  Impl* impl = impl_.get();
+  impl->bytes_sent += per_rank * buffer.element_size() * (world - 1);
+  return RunCollective(
+      impl, lane, "all_gather",
+      [impl, buffer, pieces = std::move(pieces), per_rank,
+       world](auto& backend) {
+        if (world == 1 || per_rank == 0) return;
+        const int rank = impl->rank;
+        auto part = [&](const Piece& p, int r) {
+          return buffer.narrow(0, world * p.offset + r * p.numel, p.numel);
+        };
+        if (HasNativeFlatCollectives(backend)) {
+          at::Tensor in = at::empty({per_rank}, buffer.options());
+          at::Tensor out = at::empty({world * per_rank}, buffer.options());
+          int64_t at_offset = 0;
+          for (const auto& p : pieces) {
+            in.narrow(0, at_offset, p.numel).copy_(part(p, rank));
+            at_offset += p.numel;
+          }
+          Wait(backend._allgather_base(out, in), impl->timeout);
+          auto by_rank = out.view({world, per_rank});
+          at_offset = 0;
+          for (const auto& p : pieces) {
+            buffer.narrow(0, world * p.offset, world * p.numel)
+                .view({world, p.numel})
+                .copy_(by_rank.narrow(1, at_offset, p.numel));
+            at_offset += p.numel;
+          }
+          return;
+        }
+        // Ring, as in all_gather_into_flat, one message per piece: in step s
+        // every rank forwards rank (r - s)'s parts to its right neighbour.
+        const int right = Mod(rank + 1, world), left = Mod(rank - 1, world);
+        for (int step = 0; step < world - 1; ++step) {
+          const int send_rank = Mod(rank - step, world);
+          const int recv_rank = Mod(rank - step - 1, world);
+          std::vector<c10::intrusive_ptr<::c10d::Work>> works;
+          int tag = 0;
+          for (const auto& p : pieces) {
+            if (p.numel == 0) continue;
+            std::vector<at::Tensor> recv{part(p, recv_rank)};
+            std::vector<at::Tensor> send{part(p, send_rank)};
+            works.push_back(backend.recv(recv, left, tag));
+            works.push_back(backend.send(send, right, tag));
+            ++tag;
+          }
+          for (auto& work : works) Wait(work, impl->timeout);
+        }
+      });
+}
+
 CommHandle ProcessGroup::reduce_scatter_flat(at::Tensor output,
                                              at::Tensor input, Lane lane,
                                              ReduceScatterAlgorithm algorithm) {

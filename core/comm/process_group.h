@@ -64,6 +64,23 @@ class ProcessGroup {
   CommHandle all_gather_into_flat(at::Tensor output, at::Tensor input,
                                   Lane lane = Lane::kDefault);
 
+  // One rank's part of a piece of a parameter-major buffer (see below).
+  struct Piece {
+    int64_t offset = 0;  // elements, in the per-rank layout
+    int64_t numel = 0;   // elements each rank contributes
+  };
+  // All-gather in place into `buffer` (size() * n elements, contiguous),
+  // laid out piece by piece: piece i covers elements
+  // [size() * offset_i, size() * (offset_i + numel_i)), and rank r's part
+  // of it starts at size() * offset_i + r * numel_i. Each rank fills its own
+  // parts before calling; afterwards every rank's parts are filled. This is
+  // FSDP's unsharded layout (each parameter's rows in rank order), so the
+  // parameters view the buffer directly: on Gloo the ring sends and
+  // receives every piece where it lives, with no staging buffer and no
+  // copy-out; with a native all-gather it stages through a flat buffer.
+  CommHandle all_gather_pieces(at::Tensor buffer, std::vector<Piece> pieces,
+                               Lane lane = Lane::kDefault);
+
   // input (size() * n elements, contiguous) is summed elementwise across
   // ranks; output (n elements) receives slice rank() of the sum. `input` is
   // used as scratch space and holds unspecified values afterwards.

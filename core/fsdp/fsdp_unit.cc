@@ -292,39 +292,28 @@ void FSDPUnit::unshard_async() {
   AddUnshardedBytes(buffer_bytes());
   state_ = State::kUnshardPending;
 
-  // Copy-in: this rank's shards, cast to param_dtype, zero padding.
+  // Copy-in: this rank's shards, cast to param_dtype, straight into their
+  // place in the unsharded buffer (zero padding); the all-gather then fills
+  // the other ranks' parts in place.
   const auto copy_start = std::chrono::steady_clock::now();
-  at::Tensor gather_input = at::empty({flat_numel_}, compute_options_);
-  if (has_padding_) gather_input.zero_();
+  const int64_t world = shard_world_;
+  std::vector<comm::ProcessGroup::Piece> pieces;
+  pieces.reserve(params_.size());
   for (const auto& p : params_) {
-    gather_input.narrow(0, p.flat_offset, p.local_numel())
-        .copy_(p.shard.detach().reshape({-1}));
+    const int64_t numel = p.shard_numel();
+    if (numel == 0) continue;
+    at::Tensor mine =
+        unsharded_.narrow(0, world * p.flat_offset + shard_rank_ * numel, numel);
+    const int64_t local = p.local_numel();
+    if (local > 0) mine.narrow(0, 0, local).copy_(p.shard.detach().reshape({-1}));
+    if (local < numel) mine.narrow(0, local, numel - local).zero_();
+    pieces.push_back({p.flat_offset, numel});
   }
   AddSecondsSince(copy_start, wait_stats_.copy_in_s);
   ++wait_stats_.all_gathers;
-  if (!shard_group_) {
-    unsharded_.copy_(gather_input);
-    unshard_done_ = comm::CommHandle();
-    return;
-  }
-  const int64_t world = shard_world_, flat = flat_numel_;
-  at::Tensor gathered = at::empty({world * flat}, compute_options_);
-  comm::CommHandle gather_done =
-      shard_group_->all_gather_into_flat(gathered, gather_input);
-  std::vector<std::pair<int64_t, int64_t>> layout;  // (offset, shard numel)
-  for (const auto& p : params_) layout.emplace_back(p.flat_offset, p.shard_numel());
-  // Copy-out on the same lane: rank-major [world, flat] to parameter-major.
-  unshard_done_ = shard_group_->submit(
-      comm::Lane::kDefault,
-      [gather_done, gathered, unsharded = unsharded_, layout, world, flat] {
-        gather_done.wait();
-        auto by_rank = gathered.view({world, flat});
-        for (const auto& [offset, numel] : layout) {
-          unsharded.narrow(0, world * offset, world * numel)
-              .view({world, numel})
-              .copy_(by_rank.narrow(1, offset, numel));
-        }
-      });
+  unshard_done_ = shard_group_ ? shard_group_->all_gather_pieces(
+                                     unsharded_, std::move(pieces))
+                               : comm::CommHandle();
 }
 
 void FSDPUnit::wait_unshard() {
@@ -363,8 +352,12 @@ void FSDPUnit::reshard() {
 
 void FSDPUnit::prefetch(int direction) {
   if (root_ == nullptr) return;
+  // Forward follows the previous pass's pre-forward order. Backward runs in
+  // reverse post-forward order, in which the root (whose forward ends last)
+  // comes first and is followed by the last block: walking the pre-forward
+  // order instead would prefetch nothing from the root.
   const auto& order =
-      direction > 0 ? root_->last_forward_order_ : root_->forward_order_;
+      direction > 0 ? root_->last_forward_order_ : root_->post_forward_order_;
   auto it = std::find(order.begin(), order.end(), this);
   if (it == order.end()) return;
   const auto index = (it - order.begin()) + direction;
@@ -399,6 +392,7 @@ void FSDPUnit::pre_forward() {
   if (is_root_) {
     if (!forward_order_.empty()) last_forward_order_ = forward_order_;
     forward_order_.clear();
+    post_forward_order_.clear();
   }
   auto& order = root_->forward_order_;
   if (std::find(order.begin(), order.end(), this) == order.end()) {
@@ -435,6 +429,12 @@ void FSDPUnit::attach_grad_node() {
 std::vector<at::Tensor> FSDPUnit::post_forward(
     std::vector<at::Tensor> outputs) {
   const bool grad = at::GradMode::is_enabled();
+  if (root_ != nullptr) {
+    auto& order = root_->post_forward_order_;
+    if (std::find(order.begin(), order.end(), this) == order.end()) {
+      order.push_back(this);
+    }
+  }
   if (reshard_after_forward_ || !grad) reshard();
   const auto& dtype = options_.mp_policy.output_dtype;
   if (is_root_ && dtype.has_value()) {
@@ -522,6 +522,28 @@ void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
   no_sync_grads_.clear();
   if (!any) return;  // nothing reached this unit: no communication
 
+  if (!shard_group_ && !replicate_group_) {
+    // One rank and no replicas: nothing to reduce, so no flat buffer; each
+    // gradient goes to its shard's .grad with the casts a reduction would do.
+    const auto copy_start = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      FSDPParam& p = params_[i];
+      if (!grads[i].defined() || !p.requires_grad) continue;
+      at::Tensor g = grads[i].to(reduce_dtype_).reshape(p.shard.sizes());
+      at::Tensor& grad = p.shard.mutable_grad();
+      if (grad.defined()) {
+        grad.add_(g);
+      } else {
+        // A tensor of our own, not a view: autograd may hand the same
+        // gradient to other nodes, and zero_grad() detaches .grad in place.
+        grad = at::empty(p.shard.sizes(), p.shard.options());
+        grad.copy_(g);
+      }
+    }
+    AddSecondsSince(copy_start, wait_stats_.copy_in_s);
+    return;
+  }
+
   // Copy-in: rank-major [world, flat] in reduce_dtype, zero padding.
   const auto copy_start = std::chrono::steady_clock::now();
   const int64_t world = shard_world_, flat = flat_numel_;
@@ -556,13 +578,14 @@ void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
   // Bound the reductions in flight: each holds a unit-sized input buffer, and
   // a backward that outruns the gradient lane would otherwise keep one per
   // unit alive (measured: ~240 MiB extra per rank on a 40M-parameter GPT).
+  // Past the cap, the oldest reduction is finished: its unit waits for it,
+  // writes its shards' .grad and drops its buffers, so the reduced
+  // gradients of earlier units do not pile up until the end of backward.
   FSDPUnit* root = root_ != nullptr ? root_ : this;
   while (root->reductions_in_flight_.size() >= kMaxReductionsInFlight) {
-    comm::CommHandle oldest = root->reductions_in_flight_.front();
+    FSDPUnit* oldest = root->reductions_in_flight_.front();
     root->reductions_in_flight_.pop_front();
-    const auto wait_start = std::chrono::steady_clock::now();
-    oldest.wait();
-    AddSecondsSince(wait_start, wait_stats_.reduce_wait_s);
+    oldest->finish_reduction();
   }
 
   const double dp = static_cast<double>(data_parallel_size_);
@@ -594,7 +617,7 @@ void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
         });
   }
   reduction_pending_ = true;
-  root->reductions_in_flight_.push_back(reduce_done_);
+  root->reductions_in_flight_.push_back(this);
 }
 
 void FSDPUnit::finish_reduction() {

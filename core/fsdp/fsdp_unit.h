@@ -161,6 +161,7 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   std::vector<FSDPUnit*> all_units_;       // root only
   std::vector<FSDPUnit*> forward_order_;   // root only: this pass
   std::vector<FSDPUnit*> last_forward_order_;  // root only: previous pass
+  std::vector<FSDPUnit*> post_forward_order_;  // root only: this pass
   bool finalize_queued_ = false;
   int order_index_ = -1;  // position in the root's last forward order
 
@@ -168,7 +169,7 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   // Root only: gradient reductions issued and not yet waited for, oldest
   // first; at most kMaxReductionsInFlight (a limit_all_gathers-style cap).
   static constexpr size_t kMaxReductionsInFlight = 2;
-  std::deque<comm::CommHandle> reductions_in_flight_;
+  std::deque<FSDPUnit*> reductions_in_flight_;
 };
 
 // Every unit in `root`'s module tree (root included), in module order.
