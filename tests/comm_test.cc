@@ -106,6 +106,50 @@ TEST(Comm, CollectivesMatchTheirDefinition) {
   }
 }
 
+// The same checks over Gloo alone (FSDP2_SHM=0 on every rank), and with one
+// rank opting out: the ranks must agree to fall back together.
+TEST(Comm, CollectivesMatchTheirDefinitionWithoutSharedMemory) {
+  for (int n : {2, 3}) {
+    LaunchOptions o;
+    o.world_size = n;
+    o.scenario = "collectives";
+    o.timeout = std::chrono::seconds(120);
+    o.env["FSDP2_SHM"] = "0";
+    auto r = LaunchRanks(o);
+    EXPECT_TRUE(r.ok()) << "world " << n << "\n" << r.Describe();
+  }
+  LaunchOptions o;
+  o.world_size = 2;
+  o.scenario = "collectives";
+  o.timeout = std::chrono::seconds(120);
+  o.rank_env[1]["FSDP2_SHM"] = "0";
+  auto r = LaunchRanks(o);
+  EXPECT_TRUE(r.ok()) << "one rank without shared memory\n" << r.Describe();
+}
+
+FSDP2_SCENARIO(peer_exits) {
+  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  if (world->rank() == 1) std::_Exit(0);  // gone without a word
+  at::Tensor t = at::ones({4});
+  world->group()->all_reduce(t).wait();
+}
+
+// Over shared memory a peer's death closes no socket: the waiting rank must
+// notice the process is gone, well before the 120 s collective timeout.
+TEST(Comm, PeerThatExitsFailsTheCollective) {
+  LaunchOptions o;
+  o.world_size = 2;
+  o.scenario = "peer_exits";
+  o.env["FSDP2_TIMEOUT_S"] = "120";
+  o.timeout = std::chrono::seconds(60);
+  auto r = LaunchRanks(o);
+  ASSERT_EQ(r.ranks.size(), 2u);
+  EXPECT_FALSE(r.ranks[0].timed_out) << "rank 0 hung";
+  EXPECT_NE(r.ranks[0].exit_code, 0);
+  EXPECT_NE(r.ranks[0].log.find("all_reduce failed"), std::string::npos)
+      << r.Describe();
+}
+
 FSDP2_SCENARIO(just_init) {
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
   world->group()->barrier().wait();

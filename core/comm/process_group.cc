@@ -85,6 +85,12 @@ CommHandle RunCollective(ProcessGroup::Impl* impl, Lane lane, const char* op,
       });
 }
 
+// The lane's shared-memory transport when it can carry `t`, else null.
+internal::ShmTransport* ShmFor(ProcessGroup::Impl* impl, Lane lane,
+                               const at::Tensor& t) {
+  return t.is_cpu() ? impl->shm[static_cast<int>(lane)].get() : nullptr;
+}
+
 bool HasNativeFlatCollectives(const internal::C10dBackend& backend) {
   return backend.getBackendName() == "nccl";
 }
@@ -116,12 +122,18 @@ CommHandle ProcessGroup::all_gather_into_flat(at::Tensor output,
               "all_gather_into_flat: dtypes differ");
   Impl* impl = impl_.get();
   impl->bytes_sent += input.nbytes() * (world - 1);
+  internal::ShmTransport* shm = ShmFor(impl, lane, output);
   return RunCollective(
-      impl, lane, "all_gather", [impl, output, input, world](auto& backend) {
+      impl, lane, "all_gather", [impl, output, input, world, shm](auto& backend) {
         const int rank = impl->rank;
         auto chunks = output.view({world, -1});
         if (world == 1) {
           chunks[0].copy_(input.view(-1));
+          return;
+        }
+        if (shm != nullptr) {
+          chunks[rank].copy_(input.view(-1));
+          shm->all_gather_pieces(output, {{0, input.numel()}});
           return;
         }
         if (HasNativeFlatCollectives(backend)) {
@@ -159,11 +171,16 @@ CommHandle ProcessGroup::all_gather_pieces(at::Tensor buffer,
   }
   Impl* impl = impl_.get();
   impl->bytes_sent += per_rank * buffer.element_size() * (world - 1);
+  internal::ShmTransport* shm = ShmFor(impl, lane, buffer);
   return RunCollective(
       impl, lane, "all_gather",
-      [impl, buffer, pieces = std::move(pieces), per_rank,
-       world](auto& backend) {
+      [impl, buffer, pieces = std::move(pieces), per_rank, world,
+       shm](auto& backend) {
         if (world == 1 || per_rank == 0) return;
+        if (shm != nullptr) {
+          shm->all_gather_pieces(buffer, pieces);
+          return;
+        }
         const int rank = impl->rank;
         auto part = [&](const Piece& p, int r) {
           return buffer.narrow(0, world * p.offset + r * p.numel, p.numel);
@@ -224,13 +241,23 @@ CommHandle ProcessGroup::reduce_scatter_flat(at::Tensor output,
   impl->bytes_sent +=
       output.nbytes() * (world - 1) * (use_all_reduce ? 2 : 1);
   const int lane_index = static_cast<int>(lane);
+  // An explicit algorithm is a request for that backend algorithm (tests,
+  // benchmarks); kAuto takes shared memory when the group has it.
+  internal::ShmTransport* shm =
+      algorithm == ReduceScatterAlgorithm::kAuto ? ShmFor(impl, lane, input)
+                                                 : nullptr;
   return RunCollective(
       impl, lane, "reduce_scatter",
-      [impl, output, input, world, algorithm, lane_index](auto& backend) {
+      [impl, output, input, world, algorithm, lane_index,
+       shm](auto& backend) {
         const int rank = impl->rank;
         auto chunks = input.view({world, -1});
         if (world == 1) {
           output.view(-1).copy_(chunks[0]);
+          return;
+        }
+        if (shm != nullptr) {
+          shm->reduce_scatter(output.view(-1), input);
           return;
         }
         if (algorithm == ReduceScatterAlgorithm::kAllReduce) {
@@ -293,8 +320,13 @@ CommHandle ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op,
   CheckContiguous(tensor, "tensor", "all_reduce");
   Impl* impl = impl_.get();
   impl->bytes_sent += 2 * tensor.nbytes() * (size() - 1) / std::max(1, size());
-  return RunCollective(impl, lane, "all_reduce", [impl, tensor, op](auto& b) {
+  internal::ShmTransport* shm = ShmFor(impl, lane, tensor);
+  return RunCollective(impl, lane, "all_reduce", [impl, tensor, op, shm](auto& b) {
     if (impl->global_ranks.size() == 1) return;
+    if (shm != nullptr) {
+      shm->all_reduce(tensor, op);
+      return;
+    }
     AllReduceInPlace(b, tensor,
                      op == ReduceOp::kSum ? ::c10d::ReduceOp::SUM
                                           : ::c10d::ReduceOp::MAX,
@@ -308,9 +340,14 @@ CommHandle ProcessGroup::broadcast(at::Tensor tensor, int root, Lane lane) {
               " is not a rank of a group of size ", size());
   Impl* impl = impl_.get();
   if (impl->rank == root) impl->bytes_sent += tensor.nbytes() * (size() - 1);
+  internal::ShmTransport* shm = ShmFor(impl, lane, tensor);
   return RunCollective(impl, lane, "broadcast",
-                       [impl, tensor, root](auto& b) {
+                       [impl, tensor, root, shm](auto& b) {
                          if (impl->global_ranks.size() == 1) return;
+                         if (shm != nullptr) {
+                           shm->broadcast(tensor, root);
+                           return;
+                         }
                          // Pure data movement: bfloat16, which Gloo 1.13
                          // rejects, travels bit for bit as float16.
                          std::vector<at::Tensor> tensors{
@@ -325,8 +362,13 @@ CommHandle ProcessGroup::broadcast(at::Tensor tensor, int root, Lane lane) {
 
 CommHandle ProcessGroup::barrier(Lane lane) {
   Impl* impl = impl_.get();
-  return RunCollective(impl, lane, "barrier", [impl](auto& b) {
+  internal::ShmTransport* shm = impl->shm[static_cast<int>(lane)].get();
+  return RunCollective(impl, lane, "barrier", [impl, shm](auto& b) {
     if (impl->global_ranks.size() == 1) return;
+    if (shm != nullptr) {
+      shm->barrier();
+      return;
+    }
     Wait(b.barrier(), impl->timeout);
   });
 }

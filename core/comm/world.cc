@@ -50,6 +50,10 @@ RendezvousOptions RendezvousOptions::FromEnv() {
   return o;
 }
 
+// Per rank and lane of a group on one host; collectives move their data
+// through it in segments of this size.
+constexpr size_t kShmSlotBytes = size_t{2} << 20;
+
 struct World::Impl {
   RendezvousOptions options;
   c10::intrusive_ptr<::c10d::Store> store;
@@ -188,6 +192,8 @@ std::shared_ptr<ProcessGroup> World::new_groups(
           opts->threads = 1;
           impl->backends[lane] = c10::make_intrusive<::c10d::ProcessGroupGloo>(
               store, my_index, n, opts);
+          impl->shm[lane] = internal::ShmTransport::Connect(
+              *store, my_index, n, kShmSlotBytes, impl_->options.timeout);
         } else {
 #ifdef USE_C10D_NCCL
           auto opts = ::c10d::ProcessGroupNCCL::Options::create();

@@ -12,6 +12,7 @@
 
 #include "core/comm/comm_handle.h"
 #include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/shm_transport.h"
 #include "core/comm/process_group.h"
 
 namespace fsdp2 {
@@ -26,6 +27,9 @@ struct ProcessGroup::Impl {
   // One communicator and one worker per lane.
   std::array<c10::intrusive_ptr<internal::C10dBackend>, kNumLanes> backends;
   std::array<std::unique_ptr<CommLane>, kNumLanes> lanes;
+  // Per lane, when every rank of the group is on this host: collectives of
+  // CPU tensors go through shared memory instead of the backend.
+  std::array<std::unique_ptr<internal::ShmTransport>, kNumLanes> shm;
   std::atomic<int64_t> bytes_sent{0};
   // Receive buffer of ring reduce-scatter, kept per lane: allocating tens of
   // MiB afresh each call costs page faults (glibc maps such blocks anew).
