@@ -65,6 +65,17 @@ void CheckGroupCollectives(comm::ProcessGroup& g, at::ScalarType dtype) {
   at::Tensor t = Contribution(r, n, dtype);
   g.all_reduce(t).wait();
   Check(t.equal(sum.narrow(0, 0, n)), "all_reduce on " + g.name());
+  // Any shape is taken element by element; sizes that do not divide by the
+  // world size leave some ranks' parts empty.
+  at::Tensor t2 = Contribution(r, 6, dtype).view({3, 2});
+  g.all_reduce(t2).wait();
+  at::Tensor sum6 = at::zeros({6}, dtype);
+  for (int k = 0; k < W; ++k) sum6 += Contribution(k, 6, dtype);
+  Check(t2.equal(sum6.view({3, 2})), "2-D all_reduce on " + g.name());
+  at::Tensor b2 = Contribution(r, 6, dtype).view({2, 3});
+  g.broadcast(b2, 0).wait();
+  Check(b2.equal(Contribution(0, 6, dtype).view({2, 3})),
+        "2-D broadcast on " + g.name());
   at::Tensor m = at::full({1}, double(r), dtype);
   g.all_reduce(m, comm::ReduceOp::kMax).wait();
   Check(m.item<double>() == W - 1, "all_reduce max on " + g.name());

@@ -237,7 +237,8 @@ void ShmTransport::sync() {
 void ShmTransport::barrier() { sync(); }
 
 void ShmTransport::all_gather_pieces(
-    const at::Tensor& buffer, const std::vector<ProcessGroup::Piece>& pieces) {
+    const at::Tensor& buffer_in, const std::vector<ProcessGroup::Piece>& pieces) {
+  const at::Tensor buffer = buffer_in.view(-1);
   const int64_t esize = buffer.element_size();
   const int64_t seg = static_cast<int64_t>(slot_bytes_) / esize;
   int64_t per_rank = 0;
@@ -275,8 +276,9 @@ void ShmTransport::all_gather_pieces(
   }
 }
 
-void ShmTransport::reduce_scatter(const at::Tensor& output,
-                                  const at::Tensor& input) {
+void ShmTransport::reduce_scatter(const at::Tensor& output_in,
+                                  const at::Tensor& input_in) {
+  const at::Tensor output = output_in.view(-1), input = input_in.view(-1);
   const int64_t n = output.numel();
   const int64_t seg =
       static_cast<int64_t>(slot_bytes_) / input.element_size() / world_;
@@ -299,7 +301,8 @@ void ShmTransport::reduce_scatter(const at::Tensor& output,
   }
 }
 
-void ShmTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+void ShmTransport::all_reduce(const at::Tensor& tensor_in, ReduceOp op) {
+  const at::Tensor tensor = tensor_in.view(-1);
   const int64_t n = tensor.numel();
   const int64_t seg = static_cast<int64_t>(slot_bytes_) / tensor.element_size();
   const auto options = tensor.options();
@@ -342,7 +345,8 @@ void ShmTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   }
 }
 
-void ShmTransport::broadcast(const at::Tensor& tensor, int root) {
+void ShmTransport::broadcast(const at::Tensor& tensor_in, int root) {
+  const at::Tensor tensor = tensor_in.view(-1);
   const int64_t n = tensor.numel();
   const int64_t seg = static_cast<int64_t>(slot_bytes_) / tensor.element_size();
   const auto options = tensor.options();

@@ -53,7 +53,7 @@ class ShmTransport {
   ShmTransport& operator=(const ShmTransport&) = delete;
 
   // Semantics of the ProcessGroup collectives of the same names; tensors
-  // are contiguous CPU tensors.
+  // are contiguous CPU tensors of any shape, taken element by element.
   void all_gather_pieces(const at::Tensor& buffer,
                          const std::vector<ProcessGroup::Piece>& pieces);
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input);
