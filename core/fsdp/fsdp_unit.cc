@@ -44,7 +44,7 @@ class PostBackwardNode : public Node {
 
  protected:
   variable_list apply(variable_list&& grads) override {
-    if (auto unit = unit_.lock()) unit->post_backward(this, grads);
+    if (auto unit = unit_.lock()) unit->post_backward(this, std::move(grads));
     return {};
   }
 
@@ -482,16 +482,19 @@ void FSDPUnit::pre_backward() {
 }
 
 void FSDPUnit::post_backward(const Node* node,
-                             const std::vector<at::Tensor>& grads) {
+                             std::vector<at::Tensor> grads) {
   if (node != grad_node_.get() || grad_node_fired_) return;  // stale graph
   grad_node_fired_ = true;
   queue_finalize();
   std::vector<at::Tensor> by_param(params_.size());
   for (size_t k = 0; k < grad_params_.size() && k < grads.size(); ++k) {
-    by_param[grad_params_[k]] = grads[k];
+    by_param[grad_params_[k]] = std::move(grads[k]);
   }
-  reduce_grads(std::move(by_param));
+  grads.clear();
+  // The unsharded parameters are done with once their gradients exist:
+  // free them before the reduction buffer is allocated, not after.
   reshard();
+  reduce_grads(std::move(by_param));
 }
 
 void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
@@ -570,6 +573,8 @@ void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
       target[full_chunks].narrow(0, 0, rest).copy_(
           g.narrow(0, full_chunks * numel, rest));
     }
+    g = at::Tensor();
+    grads[i] = at::Tensor();  // copied: let it go while the rest are copied
   }
 
   AddSecondsSince(copy_start, wait_stats_.copy_in_s);

@@ -80,8 +80,10 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   void abort_forward();
   void pre_backward();
   // `node` is the node that received the gradients; stale nodes are ignored.
+  // Takes the gradients: each is released as soon as it has been copied
+  // into the reduction buffer.
   void post_backward(const torch::autograd::Node* node,
-                     const std::vector<at::Tensor>& unsharded_grads);
+                     std::vector<at::Tensor> unsharded_grads);
 
   void set_requires_gradient_sync(bool sync) { requires_grad_sync_ = sync; }
   // Whether the shards are still meta tensors awaiting materialize_module()
@@ -168,7 +170,9 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   CommWaitStats wait_stats_;
   // Root only: gradient reductions issued and not yet waited for, oldest
   // first; at most kMaxReductionsInFlight (a limit_all_gathers-style cap).
-  static constexpr size_t kMaxReductionsInFlight = 2;
+  // One: a reduction runs while the next unit computes its gradients, and
+  // each further one would hold another unit-sized buffer.
+  static constexpr size_t kMaxReductionsInFlight = 1;
   std::deque<FSDPUnit*> reductions_in_flight_;
 };
 
