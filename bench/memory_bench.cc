@@ -2,7 +2,8 @@
 //
 // Per-rank memory of FULL_SHARD against NO_SHARD for N = 1, 2, 4 on a GPT
 // large enough that parameters, gradients and AdamW state dominate (default
-// 8 layers, n_embd 640: about 40M parameters), side by side in one run.
+// 12 layers, n_embd 768, 12 heads: GPT-2 small's blocks with a 256-token
+// vocabulary, 85M parameters), side by side in one run.
 //
 // For each configuration, the largest value over its ranks of:
 //   peak RSS (train)   VmHWM over the training steps: the high-water mark is
@@ -46,9 +47,9 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 models::GPTConfig Config(Flags& flags) {
   models::GPTConfig c;
-  c.n_layer = flags.num("n-layer", 8);
-  c.n_embd = flags.num("n-embd", 640);
-  c.n_head = flags.num("n-head", 8);
+  c.n_layer = flags.num("n-layer", 12);
+  c.n_embd = flags.num("n-embd", 768);
+  c.n_head = flags.num("n-head", 12);
   c.block_size = flags.num("block-size", 64);
   c.vocab_size = flags.num("vocab-size", 256);
   c.Validate();
@@ -128,9 +129,9 @@ int RunParent(Flags& flags, const std::string& self) {
   const bool quick = flags.num("quick", 0) != 0;
   const int steps = flags.num("steps", quick ? 2 : 4);
   const int64_t global_batch = flags.num("global-batch", 4);
-  const std::string n_layer = std::to_string(flags.num("n-layer", 8));
-  const std::string n_embd = std::to_string(flags.num("n-embd", 640));
-  const std::string n_head = std::to_string(flags.num("n-head", 8));
+  const std::string n_layer = std::to_string(flags.num("n-layer", 12));
+  const std::string n_embd = std::to_string(flags.num("n-embd", 768));
+  const std::string n_head = std::to_string(flags.num("n-head", 12));
   const std::string block = std::to_string(flags.num("block-size", 64));
   const std::string vocab = std::to_string(flags.num("vocab-size", 256));
   const std::string nprocs_flag = flags.str("nprocs", "1,2,4");

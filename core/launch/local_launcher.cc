@@ -52,6 +52,15 @@ std::map<std::string, std::string> CpuPerformanceEnv() {
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
     env["OMP_WAIT_POLICY"] = "PASSIVE";
   }
+  // glibc raises its mmap threshold each time a large block is freed (up to
+  // 32 MiB), after which unit-sized buffers come from the heap and stay in
+  // the process when freed. A fixed threshold of 1 MiB returns them to the
+  // system: per-rank peak RSS of FULL_SHARD on a 40M-parameter GPT at N=4
+  // fell from 0.64 to 0.55 of NO_SHARD's (bench/memory), at no measurable
+  // cost in step time on the main job's model.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) {
+    env["MALLOC_MMAP_THRESHOLD_"] = "1048576";
+  }
   return env;
 }
 
