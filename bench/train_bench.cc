@@ -318,6 +318,12 @@ int RunParent(Flags& flags, const std::string& self) {
               "ideal step = %.2f ms\n",
               gemm_all, cores, gemm_one, ideal_s * 1e3);
 
+  bool want_python = python_ddp == "1";
+  if (python_ddp == "auto") {
+    want_python = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+  }
+  std::string python_version;
+
   std::vector<Run> runs;
   runs.push_back({"single (no engine)", "single", 1, cores});
   runs.push_back({"engine N=1", "full_shard", 1, cores});
@@ -328,10 +334,21 @@ int RunParent(Flags& flags, const std::string& self) {
                           " N=" + std::to_string(n),
                       s, n, threads});
     }
+    // PyTorch's DDP in the same rounds, so that load changes hit it alike.
+    if (want_python) {
+      runs.push_back({"Python DDP N=" + std::to_string(n), "python_ddp", n, threads});
+    }
   }
   for (int round = 0; round < rounds; ++round) {
     for (auto& run : runs) {
       std::fprintf(stderr, "round %d/%d: %s\n", round + 1, rounds, run.label.c_str());
+      if (run.strategy == "python_ddp") {
+        std::string why;
+        const double s = RunPythonDdp(m, run.nproc, steps, warmup, &python_version, &why);
+        if (s < 0) throw std::runtime_error("Python DDP failed: " + why);
+        run.step_s.push_back(s);  // its median over steps (slowest rank)
+        continue;
+      }
       auto args = ModelArgs(m);
       for (const std::string& a :
            {std::string("--role"), std::string("train"), std::string("--strategy"),
@@ -401,28 +418,21 @@ int RunParent(Flags& flags, const std::string& self) {
     }
   }
 
-  bool want_python = python_ddp == "1";
-  if (python_ddp == "auto") {
-    want_python = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-    if (!want_python) {
-      std::printf("\nPython DDP: skipped (python3 cannot import torch; "
-                  "apt-get install python3-torch, or --python-ddp 0 to silence)\n");
-    }
-  }
-  if (want_python) {
+  if (!want_python) {
+    std::printf("\nPython DDP: skipped (python3 cannot import torch; "
+                "bash scripts/setup.sh --with-python-torch, or --python-ddp 0 "
+                "to silence)\n");
+  } else {
+    std::printf("\nPyTorch's own DDP (torch %s, gloo, bench/python_ddp_gpt.py), "
+                "same model, batch and rounds; tokens/s ratios (>1: the engine "
+                "is faster):\n",
+                python_version.c_str());
     for (int n : nprocs) {
-      std::string why, version;
-      const double py = RunPythonDdp(m, n, steps, warmup, &version, &why);
-      const std::string label = "NO_SHARD N=" + std::to_string(n);
-      if (py < 0) {
-        std::printf("\nPython DDP N=%d failed: %s\n", n, why.c_str());
-        continue;
-      }
-      std::printf("\nPython DDP (torch %s, gloo) N=%d: %.2f ms/step, %.0f tokens/s; "
-                  "engine NO_SHARD / Python DDP tokens/s = %.2f, FULL_SHARD / "
-                  "Python DDP = %.2f\n",
-                  version.c_str(), n, py * 1e3, tokens / py, py / median_of(label),
-                  py / median_of("FULL_SHARD N=" + std::to_string(n)));
+      const std::string sn = " N=" + std::to_string(n);
+      const double py = median_of("Python DDP" + sn);
+      std::printf("  NO_SHARD / Python DDP%-6s %.3f    FULL_SHARD / Python DDP%-6s %.3f\n",
+                  sn.c_str(), py / median_of("NO_SHARD" + sn), sn.c_str(),
+                  py / median_of("FULL_SHARD" + sn));
     }
   }
   std::printf("\nload at the end: %s\n", LoadAverage().c_str());

@@ -19,6 +19,12 @@ PACKAGES=(
   python3 procps
 )
 
+# --with-python-torch: also Debian's python3-torch, which only
+# `bazel run //bench:train` uses (PyTorch's own DDP on the same model).
+if [[ "${1:-}" == "--with-python-torch" ]]; then
+  PACKAGES+=(python3-torch)
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -35,7 +41,9 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# OpenBLAS does not recognise this virtual CPU and falls back to generic
-# kernels; the launcher and test harness set OPENBLAS_CORETYPE themselves, this
-# line only reports which BLAS libblas.so.3 resolves to.
+# Some virtual CPUs are not recognised by OpenBLAS, which then falls back to
+# generic kernels; the launcher and test harness pick OPENBLAS_CORETYPE from
+# the CPU's vector units themselves (on the 2-core AMD EPYC here, auto-detected,
+# Haswell and Zen kernels measured alike). This line only reports which BLAS
+# libblas.so.3 resolves to.
 echo "setup: libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')" >&2

@@ -54,12 +54,13 @@ std::map<std::string, std::string> CpuPerformanceEnv() {
   }
   // glibc raises its mmap threshold each time a large block is freed (up to
   // 32 MiB), after which unit-sized buffers come from the heap and stay in
-  // the process when freed. A fixed threshold of 1 MiB returns them to the
-  // system: per-rank peak RSS of FULL_SHARD on a 40M-parameter GPT at N=4
-  // fell from 0.64 to 0.55 of NO_SHARD's (bench/memory), at no measurable
-  // cost in step time on the main job's model.
+  // the process when freed. A fixed threshold returns them to the system:
+  // per-rank peak RSS of FULL_SHARD on a 40M-parameter GPT at N=4 fell from
+  // 0.64 to 0.55 of NO_SHARD's (bench/memory). 4 MiB rather than less:
+  // every block above it is mapped afresh and page-faulted on each use, and
+  // 1 MiB caught the main job's activations; 4 MiB saved as much memory.
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) {
-    env["MALLOC_MMAP_THRESHOLD_"] = "1048576";
+    env["MALLOC_MMAP_THRESHOLD_"] = "4194304";
   }
   return env;
 }
@@ -148,6 +149,14 @@ int LaunchLocal(const LocalLaunchOptions& options) {
   }
   std::map<std::string, std::string> base = CurrentEnvironment();
   for (const auto& kv : CpuPerformanceEnv()) base.emplace(kv.first, kv.second);
+  // One process has no other rank or comm thread to yield to: let its
+  // OpenMP threads spin a while before sleeping (libgomp's default). On
+  // this 2-core VM a 2-thread step of the main job's GPT took 99-109 ms
+  // spinning (GOMP_SPINCOUNT=30000, or ACTIVE) against 128 ms passive, where
+  // every parallel region waits for a sleeping vCPU to wake.
+  if (n == 1 && std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    base.erase("OMP_WAIT_POLICY");
+  }
   base["OMP_NUM_THREADS"] = std::to_string(threads);
   base["FSDP2_THREADS"] = std::to_string(threads);
   base["MASTER_ADDR"] = "127.0.0.1";

@@ -40,9 +40,10 @@ bool IsRankProcess();
 // The environment LibTorch wants for fast CPU training here: the OpenBLAS
 // core type matching this CPU's vector units, when it can tell, and
 // OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep instead of spinning between
-// parallel regions), and MALLOC_MMAP_THRESHOLD_=1048576 (glibc returns freed
-// blocks of 1 MiB and more to the system instead of keeping them in the
-// heap). Variables the caller already set are left out.
+// parallel regions), and MALLOC_MMAP_THRESHOLD_=4194304 (glibc returns freed
+// blocks of 4 MiB and more to the system instead of keeping them in the
+// heap). Variables the caller already set are left out. LaunchLocal applies
+// it to its ranks, except OMP_WAIT_POLICY when it starts a single process.
 std::map<std::string, std::string> CpuPerformanceEnv();
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
