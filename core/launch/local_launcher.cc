@@ -149,14 +149,6 @@ int LaunchLocal(const LocalLaunchOptions& options) {
   }
   std::map<std::string, std::string> base = CurrentEnvironment();
   for (const auto& kv : CpuPerformanceEnv()) base.emplace(kv.first, kv.second);
-  // One process has no other rank or comm thread to yield to: let its
-  // OpenMP threads spin a while before sleeping (libgomp's default). On
-  // this 2-core VM a 2-thread step of the main job's GPT took 99-109 ms
-  // spinning (GOMP_SPINCOUNT=30000, or ACTIVE) against 128 ms passive, where
-  // every parallel region waits for a sleeping vCPU to wake.
-  if (n == 1 && std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    base.erase("OMP_WAIT_POLICY");
-  }
   base["OMP_NUM_THREADS"] = std::to_string(threads);
   base["FSDP2_THREADS"] = std::to_string(threads);
   base["MASTER_ADDR"] = "127.0.0.1";

@@ -42,8 +42,7 @@ bool IsRankProcess();
 // OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep instead of spinning between
 // parallel regions), and MALLOC_MMAP_THRESHOLD_=4194304 (glibc returns freed
 // blocks of 4 MiB and more to the system instead of keeping them in the
-// heap). Variables the caller already set are left out. LaunchLocal applies
-// it to its ranks, except OMP_WAIT_POLICY when it starts a single process.
+// heap). Variables the caller already set are left out.
 std::map<std::string, std::string> CpuPerformanceEnv();
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
