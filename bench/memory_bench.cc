@@ -24,7 +24,9 @@
 #include <ATen/Parallel.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -57,7 +59,8 @@ models::GPTConfig Config(Flags& flags) {
 }
 
 const char* kKeys[] = {"baseline", "peak_train", "peak_process", "sharded_params",
-                       "sharded_grads", "optimizer_state", "peak_unsharded"};
+                       "sharded_grads", "optimizer_state", "peak_unsharded",
+                       "peak_forward", "peak_backward", "peak_step"};
 
 int RunRank(Flags& flags) {
   const models::GPTConfig config = Config(flags);
@@ -96,11 +99,28 @@ int RunRank(Flags& flags) {
                                   gen, at::TensorOptions().dtype(at::kLong));
   at::Tensor x = tokens.narrow(1, 0, config.block_size).contiguous();
   at::Tensor y = tokens.narrow(1, 1, config.block_size).contiguous();
+  // Peak RSS of each phase of a step (the high-water mark is reset at each
+  // phase's start), the largest over the steps: where the peak comes from.
+  int64_t phase_peak[3] = {0, 0, 0};  // forward, backward, clip + step
+  auto phase = [&](int k, const std::function<void()>& fn) {
+    ResetPeakResidentBytes();
+    fn();
+    phase_peak[k] = std::max(phase_peak[k], PeakResidentBytes());
+  };
   for (int step = 0; step < steps; ++step) {
-    optimizer.zero_grad();
-    models::LanguageModelLoss(fsdp::forward(model, x), y).backward();
-    fsdp::clip_grad_norm_(*model, 1.0);
-    optimizer.step();
+    at::Tensor loss;
+    phase(0, [&] {
+      optimizer.zero_grad();
+      loss = models::LanguageModelLoss(fsdp::forward(model, x), y);
+    });
+    phase(1, [&] {
+      loss.backward();
+      loss = at::Tensor();
+    });
+    phase(2, [&] {
+      fsdp::clip_grad_norm_(*model, 1.0);
+      optimizer.step();
+    });
   }
 
   const auto stats = fsdp::memory_stats(*model);
@@ -110,12 +130,14 @@ int RunRank(Flags& flags) {
     optimizer_bytes += s.exp_avg().nbytes() + s.exp_avg_sq().nbytes();
     if (s.max_exp_avg_sq().defined()) optimizer_bytes += s.max_exp_avg_sq().nbytes();
   }
-  const int64_t peak_train = PeakResidentBytes();
+  const int64_t peak_train =
+      std::max({phase_peak[0], phase_peak[1], phase_peak[2]});
   std::vector<double> values = {
       double(baseline), double(peak_train),
       double(std::max(peak_before_training, peak_train)),
       double(stats.sharded_param_bytes), double(stats.sharded_grad_bytes),
-      double(optimizer_bytes), double(fsdp::peak_unsharded_param_bytes())};
+      double(optimizer_bytes), double(fsdp::peak_unsharded_param_bytes()),
+      double(phase_peak[0]), double(phase_peak[1]), double(phase_peak[2])};
   at::Tensor t = at::tensor(values, at::kDouble);
   world->group()->all_reduce(t, comm::ReduceOp::kMax).wait();
   if (rank == 0) {
@@ -146,10 +168,11 @@ int RunParent(Flags& flags, const std::string& self) {
               "AdamW fp32; global batch %lld; %d steps; load %s\n",
               n_layer.c_str(), n_embd.c_str(), n_head.c_str(), block.c_str(),
               vocab.c_str(), (long long)global_batch, steps, LoadAverage().c_str());
-  std::printf("(MiB per rank, the largest over ranks)\n\n%-16s %9s %10s %12s %9s %9s "
-              "%9s %10s %10s\n",
+  std::printf("(MiB per rank, the largest over ranks; peak train is the largest of "
+              "the peaks in forward, backward and clip + optimizer step)\n\n"
+              "%-16s %9s %10s %12s %9s %9s %9s %10s %8s %8s %8s %10s\n",
               "configuration", "baseline", "peak train", "peak process", "params",
-              "grads", "optimizer", "unsharded", "params #");
+              "grads", "optimizer", "unsharded", "fwd", "bwd", "step", "params #");
   std::fflush(stdout);
   const int cores = Cores();
   std::map<std::string, Results> results;
@@ -164,12 +187,14 @@ int RunParent(Flags& flags, const std::string& self) {
       const std::string label = std::string(fsdp::ToString(
                                     fsdp::ParseShardingStrategy(strategy))) +
                                 " N=" + std::to_string(n);
-      std::printf("%-16s %9.1f %10.1f %12.1f %9.1f %9.1f %9.1f %10.1f %10.0f\n",
+      std::printf("%-16s %9.1f %10.1f %12.1f %9.1f %9.1f %9.1f %10.1f %8.1f %8.1f %8.1f "
+                  "%10.0f\n",
                   label.c_str(), Value(r, "baseline") / kMiB,
                   Value(r, "peak_train") / kMiB, Value(r, "peak_process") / kMiB,
                   Value(r, "sharded_params") / kMiB, Value(r, "sharded_grads") / kMiB,
                   Value(r, "optimizer_state") / kMiB, Value(r, "peak_unsharded") / kMiB,
-                  Value(r, "params"));
+                  Value(r, "peak_forward") / kMiB, Value(r, "peak_backward") / kMiB,
+                  Value(r, "peak_step") / kMiB, Value(r, "params"));
       std::fflush(stdout);
       results[label] = r;
     }
