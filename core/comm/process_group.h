@@ -15,6 +15,11 @@
 //    this rank, the collective, the group and the cause.
 //  - Reductions are sums. Backends without AVG (Gloo) are averaged by the
 //    caller: sum, then divide.
+//  - When every rank of a group runs on this host, collectives of CPU
+//    tensors go through shared memory (internal/shm_transport.h) rather than
+//    the backend, except reduce_scatter_flat with an explicit algorithm.
+//    FSDP2_SHM=0 in any rank's environment keeps the whole group on the
+//    backend.
 #ifndef FSDP2_CORE_COMM_PROCESS_GROUP_H_
 #define FSDP2_CORE_COMM_PROCESS_GROUP_H_
 
