@@ -91,6 +91,37 @@ internal::ShmTransport* ShmFor(ProcessGroup::Impl* impl, Lane lane,
   return t.is_cpu() ? impl->shm[static_cast<int>(lane)].get() : nullptr;
 }
 
+// All-gather of a piecewise buffer (see all_gather_pieces) as a ring of
+// send/recv, one message per piece: in step s every rank forwards rank
+// (r - s)'s parts, received in step s - 1, to its right neighbour; W - 1
+// steps, no extra buffers.
+void RingAllGatherPieces(internal::C10dBackend& backend,
+                         const ProcessGroup::Impl& impl,
+                         const at::Tensor& buffer,
+                         const std::vector<ProcessGroup::Piece>& pieces) {
+  const int world = static_cast<int>(impl.global_ranks.size());
+  const int rank = impl.rank;
+  auto part = [&](const ProcessGroup::Piece& p, int r) {
+    return buffer.narrow(0, world * p.offset + r * p.numel, p.numel);
+  };
+  const int right = Mod(rank + 1, world), left = Mod(rank - 1, world);
+  for (int step = 0; step < world - 1; ++step) {
+    const int send_rank = Mod(rank - step, world);
+    const int recv_rank = Mod(rank - step - 1, world);
+    std::vector<c10::intrusive_ptr<::c10d::Work>> works;
+    int tag = 0;
+    for (const auto& p : pieces) {
+      if (p.numel == 0) continue;
+      std::vector<at::Tensor> recv{part(p, recv_rank)};
+      std::vector<at::Tensor> send{part(p, send_rank)};
+      works.push_back(backend.recv(recv, left, tag));
+      works.push_back(backend.send(send, right, tag));
+      ++tag;
+    }
+    for (auto& work : works) Wait(work, impl.timeout);
+  }
+}
+
 bool HasNativeFlatCollectives(const internal::C10dBackend& backend) {
   return backend.getBackendName() == "nccl";
 }
@@ -131,27 +162,18 @@ CommHandle ProcessGroup::all_gather_into_flat(at::Tensor output,
           chunks[0].copy_(input.view(-1));
           return;
         }
-        if (shm != nullptr) {
-          chunks[rank].copy_(input.view(-1));
-          shm->all_gather_pieces(output, {{0, input.numel()}});
-          return;
-        }
-        if (HasNativeFlatCollectives(backend)) {
+        if (shm == nullptr && HasNativeFlatCollectives(backend)) {
           at::Tensor out = output, in = input;
           Wait(backend._allgather_base(out, in), impl->timeout);
           return;
         }
-        // Ring: in step s every rank forwards the chunk it received in step
-        // s-1 to its right neighbour; W-1 steps, no extra buffers.
+        // A flat output is the piecewise layout with a single piece.
         chunks[rank].copy_(input.view(-1));
-        const int right = Mod(rank + 1, world), left = Mod(rank - 1, world);
-        for (int step = 0; step < world - 1; ++step) {
-          std::vector<at::Tensor> send{chunks[Mod(rank - step, world)]};
-          std::vector<at::Tensor> recv{chunks[Mod(rank - step - 1, world)]};
-          auto recv_work = backend.recv(recv, left, /*tag=*/step);
-          auto send_work = backend.send(send, right, /*tag=*/step);
-          Wait(recv_work, impl->timeout);
-          Wait(send_work, impl->timeout);
+        const std::vector<Piece> whole{{0, input.numel()}};
+        if (shm != nullptr) {
+          shm->all_gather_pieces(output, whole);
+        } else {
+          RingAllGatherPieces(backend, *impl, output, whole);
         }
       });
 }
@@ -204,24 +226,7 @@ CommHandle ProcessGroup::all_gather_pieces(at::Tensor buffer,
           }
           return;
         }
-        // Ring, as in all_gather_into_flat, one message per piece: in step s
-        // every rank forwards rank (r - s)'s parts to its right neighbour.
-        const int right = Mod(rank + 1, world), left = Mod(rank - 1, world);
-        for (int step = 0; step < world - 1; ++step) {
-          const int send_rank = Mod(rank - step, world);
-          const int recv_rank = Mod(rank - step - 1, world);
-          std::vector<c10::intrusive_ptr<::c10d::Work>> works;
-          int tag = 0;
-          for (const auto& p : pieces) {
-            if (p.numel == 0) continue;
-            std::vector<at::Tensor> recv{part(p, recv_rank)};
-            std::vector<at::Tensor> send{part(p, send_rank)};
-            works.push_back(backend.recv(recv, left, tag));
-            works.push_back(backend.send(send, right, tag));
-            ++tag;
-          }
-          for (auto& work : works) Wait(work, impl->timeout);
-        }
+        RingAllGatherPieces(backend, *impl, buffer, pieces);
       });
 }
 
