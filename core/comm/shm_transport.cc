@@ -236,6 +236,24 @@ void ShmTransport::sync() {
 
 void ShmTransport::barrier() { sync(); }
 
+void ShmTransport::reduce_slots(int64_t offset_elems, ReduceOp op,
+                                const at::Tensor& out) const {
+  const int64_t numel = out.numel();
+  const auto options = out.options();
+  const bool upcast = Is16BitFloat(out.scalar_type());
+  at::Tensor acc = upcast ? at::empty({numel}, options.dtype(at::kFloat)) : out;
+  acc.copy_(slot_tensor(0, offset_elems, numel, options));
+  for (int k = 1; k < world_; ++k) {
+    at::Tensor theirs = slot_tensor(k, offset_elems, numel, options);
+    if (op == ReduceOp::kSum) {
+      acc.add_(theirs);
+    } else {
+      at::maximum_out(acc, acc, theirs.to(acc.scalar_type()));
+    }
+  }
+  if (upcast) out.copy_(acc);
+}
+
 void ShmTransport::all_gather_pieces(
     const at::Tensor& buffer_in, const std::vector<ProcessGroup::Piece>& pieces) {
   const at::Tensor buffer = buffer_in.view(-1);
@@ -284,7 +302,6 @@ void ShmTransport::reduce_scatter(const at::Tensor& output_in,
       static_cast<int64_t>(slot_bytes_) / input.element_size() / world_;
   TORCH_CHECK(seg > 0, "shared-memory slot too small");
   const auto options = input.options();
-  const bool upcast = Is16BitFloat(input.scalar_type());
   for (int64_t start = 0; start < n; start += seg) {
     const int64_t len = std::min(seg, n - start);
     for (int k = 0; k < world_; ++k) {
@@ -292,11 +309,7 @@ void ShmTransport::reduce_scatter(const at::Tensor& output_in,
           .copy_(input.narrow(0, k * n + start, len));
     }
     sync();
-    at::Tensor out = output.narrow(0, start, len);
-    at::Tensor acc = upcast ? at::empty({len}, options.dtype(at::kFloat)) : out;
-    acc.copy_(slot_tensor(0, rank_ * len, len, options));
-    for (int k = 1; k < world_; ++k) acc.add_(slot_tensor(k, rank_ * len, len, options));
-    if (upcast) out.copy_(acc);
+    reduce_slots(rank_ * len, ReduceOp::kSum, output.narrow(0, start, len));
     sync();
   }
 }
@@ -306,7 +319,6 @@ void ShmTransport::all_reduce(const at::Tensor& tensor_in, ReduceOp op) {
   const int64_t n = tensor.numel();
   const int64_t seg = static_cast<int64_t>(slot_bytes_) / tensor.element_size();
   const auto options = tensor.options();
-  const bool upcast = Is16BitFloat(tensor.scalar_type());
   for (int64_t start = 0; start < n; start += seg) {
     const int64_t len = std::min(seg, n - start);
     // Rank k reduces part k of the segment for everyone.
@@ -319,19 +331,10 @@ void ShmTransport::all_reduce(const at::Tensor& tensor_in, ReduceOp op) {
     sync();
     const auto [lo, count] = part_range(rank_);
     if (count > 0) {
-      at::Tensor acc = slot_tensor(0, lo, count, options)
-                           .to(upcast ? at::kFloat : tensor.scalar_type(),
-                               /*non_blocking=*/false, /*copy=*/true);
-      for (int k = 1; k < world_; ++k) {
-        at::Tensor theirs = slot_tensor(k, lo, count, options);
-        if (op == ReduceOp::kSum) {
-          acc.add_(theirs);
-        } else {
-          at::maximum_out(acc, acc, theirs.to(acc.scalar_type()));
-        }
-      }
+      at::Tensor reduced = at::empty({count}, options);
+      reduce_slots(lo, op, reduced);
       // Only this rank reads this part of its own slot, and it is done.
-      slot_tensor(rank_, lo, count, options).copy_(acc);
+      slot_tensor(rank_, lo, count, options).copy_(reduced);
     }
     sync();
     for (int k = 0; k < world_; ++k) {

@@ -66,7 +66,12 @@ class ShmTransport {
                size_t mapped_bytes, std::chrono::milliseconds timeout);
   void sync();  // barrier over the sequence words
   uint8_t* slot(int rank) const;
-  // A CPU tensor over `bytes` of rank's slot at byte `offset`.
+  // Every rank's slot elements [offset, offset + out.numel()) combined by
+  // `op` in rank order (16-bit floats in fp32) into `out`, which must not
+  // alias the slots.
+  void reduce_slots(int64_t offset_elems, ReduceOp op,
+                    const at::Tensor& out) const;
+  // A CPU tensor over `numel` elements of rank's slot from `offset_elems`.
   at::Tensor slot_tensor(int rank, int64_t offset_elems, int64_t numel,
                          const at::TensorOptions& options) const;
 
