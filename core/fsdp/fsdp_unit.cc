@@ -80,6 +80,27 @@ void AddSecondsSince(std::chrono::steady_clock::time_point start,
                .count();
 }
 
+// Waits for `done`, adding the time blocked to `total`.
+void WaitTimed(const comm::CommHandle& done, double& total) {
+  const auto start = std::chrono::steady_clock::now();
+  done.wait();
+  AddSecondsSince(start, total);
+}
+
+// Adds `g` to the shard's .grad, or makes .grad a contiguous copy of it in
+// the shard's dtype: a tensor of our own, not a view of a flat buffer or of
+// a gradient autograd may hand to other nodes (zero_grad() detaches .grad
+// in place, which a view refuses).
+void AccumulateShardGrad(FSDPParam& p, const at::Tensor& g) {
+  at::Tensor& grad = p.shard.mutable_grad();
+  if (grad.defined()) {
+    grad.add_(g);
+  } else {
+    grad = g.to(p.shard.scalar_type(), /*non_blocking=*/false, /*copy=*/true,
+                at::MemoryFormat::Contiguous);
+  }
+}
+
 std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
   return shape.empty() ? std::vector<int64_t>{}
                        : std::vector<int64_t>(shape.begin() + 1, shape.end());
@@ -321,9 +342,7 @@ void FSDPUnit::wait_unshard() {
   if (state_ != State::kUnshardPending) return;
   comm::CommHandle done = unshard_done_;
   unshard_done_ = comm::CommHandle();
-  const auto wait_start = std::chrono::steady_clock::now();
-  done.wait();
-  AddSecondsSince(wait_start, wait_stats_.all_gather_wait_s);
+  WaitTimed(done, wait_stats_.all_gather_wait_s);
   const int64_t world = shard_world_;
   for (auto& p : params_) {
     p.compute.set_data(
@@ -340,9 +359,8 @@ void FSDPUnit::reshard() {
   if (state_ == State::kUnshardPending) {
     comm::CommHandle done = unshard_done_;
     unshard_done_ = comm::CommHandle();
-    const auto wait_start = std::chrono::steady_clock::now();
-    done.wait();  // never free memory a copy is still writing
-    AddSecondsSince(wait_start, wait_stats_.all_gather_wait_s);
+    // Never free memory a copy is still writing.
+    WaitTimed(done, wait_stats_.all_gather_wait_s);
   }
   for (auto& p : params_) p.compute.set_data(at::empty({0}, compute_options_));
   AddUnshardedBytes(-buffer_bytes());
@@ -532,16 +550,8 @@ void FSDPUnit::reduce_grads(std::vector<at::Tensor> grads) {
     for (size_t i = 0; i < n; ++i) {
       FSDPParam& p = params_[i];
       if (!grads[i].defined() || !p.requires_grad) continue;
-      at::Tensor g = grads[i].to(reduce_dtype_).reshape(p.shard.sizes());
-      at::Tensor& grad = p.shard.mutable_grad();
-      if (grad.defined()) {
-        grad.add_(g);
-      } else {
-        // A tensor of our own, not a view: autograd may hand the same
-        // gradient to other nodes, and zero_grad() detaches .grad in place.
-        grad = at::empty(p.shard.sizes(), p.shard.options());
-        grad.copy_(g);
-      }
+      AccumulateShardGrad(
+          p, grads[i].to(reduce_dtype_).reshape(p.shard.sizes()));
     }
     AddSecondsSince(copy_start, wait_stats_.copy_in_s);
     return;
@@ -631,22 +641,11 @@ void FSDPUnit::finish_reduction() {
   comm::CommHandle done = reduce_done_;
   reduce_done_ = comm::CommHandle();
   at::Tensor reduced = std::move(reduced_grads_);
-  const auto wait_start = std::chrono::steady_clock::now();
-  done.wait();
-  AddSecondsSince(wait_start, wait_stats_.reduce_wait_s);
+  WaitTimed(done, wait_stats_.reduce_wait_s);
   for (auto& p : params_) {
     if (!p.requires_grad) continue;
-    at::Tensor g = reduced.narrow(0, p.flat_offset, p.local_numel())
-                       .view(p.shard.sizes());
-    at::Tensor& grad = p.shard.mutable_grad();
-    if (grad.defined()) {
-      grad.add_(g);
-    } else {
-      // A copy, not a view of the flat buffer: Optimizer::zero_grad()
-      // detaches .grad in place, which a view refuses.
-      grad = g.to(p.shard.scalar_type(), /*non_blocking=*/false,
-                  /*copy=*/true);
-    }
+    AccumulateShardGrad(p, reduced.narrow(0, p.flat_offset, p.local_numel())
+                               .view(p.shard.sizes()));
   }
 }
 
