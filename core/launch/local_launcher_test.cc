@@ -64,6 +64,23 @@ TEST(LocalLauncher, OneFailingRankStopsTheOthers) {
   EXPECT_LT(took, std::chrono::seconds(30)) << "the sleeping ranks were not stopped";
 }
 
+// The defaults the ranks get for fast, lean CPU training, each only where
+// the caller has not set the variable.
+TEST(LocalLauncher, PerformanceDefaultsYieldToTheCallersEnvironment) {
+  unsetenv("MALLOC_MMAP_THRESHOLD_");
+  unsetenv("OMP_WAIT_POLICY");
+  auto env = CpuPerformanceEnv();
+  EXPECT_EQ(env["MALLOC_MMAP_THRESHOLD_"], "4194304");
+  EXPECT_EQ(env["OMP_WAIT_POLICY"], "PASSIVE");
+  setenv("MALLOC_MMAP_THRESHOLD_", "131072", 1);
+  setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
+  env = CpuPerformanceEnv();
+  EXPECT_EQ(env.count("MALLOC_MMAP_THRESHOLD_"), 0u);
+  EXPECT_EQ(env.count("OMP_WAIT_POLICY"), 0u);
+  unsetenv("MALLOC_MMAP_THRESHOLD_");
+  unsetenv("OMP_WAIT_POLICY");
+}
+
 TEST(LocalLauncher, ZeroProcessesIsAnError) {
   EXPECT_THROW(Launch("hello", 0), std::invalid_argument);
 }
