@@ -15,11 +15,12 @@
 //    this rank, the collective, the group and the cause.
 //  - Reductions are sums. Backends without AVG (Gloo) are averaged by the
 //    caller: sum, then divide.
-//  - When every rank of a group runs on this host, collectives of CPU
-//    tensors go through shared memory (internal/shm_transport.h) rather than
-//    the backend, except reduce_scatter_flat with an explicit algorithm.
-//    FSDP2_SHM=0 in any rank's environment keeps the whole group on the
-//    backend.
+//  - How the bytes travel is chosen once per group and lane, when the group
+//    is created (internal/connect_transport.h): when every rank of a group
+//    runs on this host, collectives of CPU tensors go through shared memory
+//    (internal/shm_transport.h) rather than the backend, except
+//    reduce_scatter_flat with an explicit algorithm. FSDP2_SHM=0 in any
+//    rank's environment keeps the whole group on the backend.
 #ifndef FSDP2_CORE_COMM_PROCESS_GROUP_H_
 #define FSDP2_CORE_COMM_PROCESS_GROUP_H_
 
@@ -31,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/collective_types.h"
 #include "core/comm/comm_handle.h"
 
 namespace fsdp2 {
@@ -38,15 +40,6 @@ namespace comm {
 
 enum class Lane { kDefault = 0, kGradient = 1 };
 constexpr int kNumLanes = 2;
-
-enum class ReduceOp { kSum, kMax };
-
-// How reduce_scatter is carried out where the backend has no native one.
-enum class ReduceScatterAlgorithm {
-  kAuto,       // the backend's own if it has one, else kRing
-  kRing,       // ring of send/recv: each rank sends (W-1)/W of the input
-  kAllReduce,  // all-reduce the whole input, keep this rank's slice
-};
 
 class ProcessGroup {
  public:
@@ -70,10 +63,7 @@ class ProcessGroup {
                                   Lane lane = Lane::kDefault);
 
   // One rank's part of a piece of a parameter-major buffer (see below).
-  struct Piece {
-    int64_t offset = 0;  // elements, in the per-rank layout
-    int64_t numel = 0;   // elements each rank contributes
-  };
+  using Piece = comm::Piece;
   // All-gather in place into `buffer` (size() * n elements, contiguous),
   // laid out piece by piece: piece i covers elements
   // [size() * offset_i, size() * (offset_i + numel_i)), and rank r's part

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/connect_transport.h"
 #include "core/comm/internal/process_group_impl.h"
 
 namespace fsdp2 {
@@ -49,10 +50,6 @@ RendezvousOptions RendezvousOptions::FromEnv() {
   o.backend = EnvString("FSDP2_BACKEND", o.backend);
   return o;
 }
-
-// Per rank and lane of a group on one host; collectives move their data
-// through it in segments of this size.
-constexpr size_t kShmSlotBytes = size_t{2} << 20;
 
 struct World::Impl {
   RendezvousOptions options;
@@ -177,31 +174,21 @@ std::shared_ptr<ProcessGroup> World::new_groups(
     impl->global_ranks = ranks;
     impl->rank = my_index;
     impl->world_rank = me;
+    impl->backend = impl_->options.backend;
     impl->timeout = impl_->options.timeout;
     try {
       for (int lane = 0; lane < kNumLanes; ++lane) {
         std::ostringstream prefix;
         prefix << "fsdp2/pg/" << id << "/" << set << "/" << lane;
-        auto store =
+        internal::TransportOptions transport;
+        transport.store =
             c10::make_intrusive<::c10d::PrefixStore>(prefix.str(), impl_->store);
-        const int n = static_cast<int>(ranks.size());
-        if (impl_->options.backend == "gloo") {
-          auto opts =
-              ::c10d::ProcessGroupGloo::Options::create(impl_->options.timeout);
-          opts->devices.push_back(impl_->gloo_device);
-          opts->threads = 1;
-          impl->backends[lane] = c10::make_intrusive<::c10d::ProcessGroupGloo>(
-              store, my_index, n, opts);
-          impl->shm[lane] = internal::ShmTransport::Connect(
-              *store, my_index, n, kShmSlotBytes, impl_->options.timeout);
-        } else {
-#ifdef USE_C10D_NCCL
-          auto opts = ::c10d::ProcessGroupNCCL::Options::create();
-          opts->timeout = impl_->options.timeout;
-          impl->backends[lane] = c10::make_intrusive<::c10d::ProcessGroupNCCL>(
-              store, my_index, n, opts);
-#endif
-        }
+        transport.rank = my_index;
+        transport.world = static_cast<int>(ranks.size());
+        transport.backend = impl_->options.backend;
+        transport.gloo_device = impl_->gloo_device;
+        transport.timeout = impl_->options.timeout;
+        impl->transports[lane] = internal::ConnectTransport(transport);
         impl->lanes[lane] = std::make_unique<CommLane>(name);
       }
     } catch (const std::exception& e) {

@@ -6,13 +6,13 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/comm/comm_handle.h"
-#include "core/comm/internal/c10d_compat.h"
-#include "core/comm/internal/shm_transport.h"
+#include "core/comm/internal/transport.h"
 #include "core/comm/process_group.h"
 
 namespace fsdp2 {
@@ -23,17 +23,14 @@ struct ProcessGroup::Impl {
   std::vector<int> global_ranks;
   int rank = 0;
   int world_rank = 0;
+  std::string backend;  // "gloo" or "nccl", as the world was created
   std::chrono::milliseconds timeout{0};
-  // One communicator and one worker per lane.
-  std::array<c10::intrusive_ptr<internal::C10dBackend>, kNumLanes> backends;
+  // Per lane: how its collectives travel, chosen once when the group was
+  // created (internal/connect_transport.h), and the worker that runs them
+  // in issue order. The workers stop before the transports go.
+  std::array<std::unique_ptr<internal::Transport>, kNumLanes> transports;
   std::array<std::unique_ptr<CommLane>, kNumLanes> lanes;
-  // Per lane, when every rank of the group is on this host: collectives of
-  // CPU tensors go through shared memory instead of the backend.
-  std::array<std::unique_ptr<internal::ShmTransport>, kNumLanes> shm;
   std::atomic<int64_t> bytes_sent{0};
-  // Receive buffer of ring reduce-scatter, kept per lane: allocating tens of
-  // MiB afresh each call costs page faults (glibc maps such blocks anew).
-  std::array<at::Tensor, kNumLanes> ring_scratch;
 };
 
 }  // namespace comm

@@ -1,0 +1,90 @@
+#include "core/comm/internal/connect_transport.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
+
+#include "core/comm/internal/gloo_transport.h"
+#include "core/comm/internal/nccl_transport.h"
+#include "core/comm/internal/shm_segment.h"
+#include "core/comm/internal/shm_transport.h"
+#include "core/comm/internal/single_rank_transport.h"
+
+namespace fsdp2 {
+namespace comm {
+namespace internal {
+namespace {
+
+std::vector<uint8_t> Bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+std::string String(const std::vector<uint8_t>& b) {
+  return std::string(b.begin(), b.end());
+}
+
+// This host, as precisely as processes sharing /dev/shm need: the host name
+// and the kernel's boot id.
+std::string HostIdentity() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot);
+  return std::string(host) + "/" + boot;
+}
+
+// Collective: whether the group may use shared memory, decided alike on
+// every rank: only if all of them run on this host and none has FSDP2_SHM=0
+// in its environment.
+bool SharedMemoryAgreed(::c10d::Store& store, int rank, int world) {
+  const char* env = std::getenv("FSDP2_SHM");
+  const bool enabled = env == nullptr || std::string(env) != "0";
+  store.set("fsdp2_shm/host/" + std::to_string(rank),
+            Bytes(HostIdentity() + (enabled ? "/on" : "/off")));
+  bool usable = enabled;
+  const std::string mine = HostIdentity() + "/on";
+  for (int k = 0; k < world; ++k) {
+    if (String(store.get("fsdp2_shm/host/" + std::to_string(k))) != mine) {
+      usable = false;
+    }
+  }
+  return usable;
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options) {
+  if (options.world == 1) return std::make_unique<SingleRankTransport>();
+  if (options.backend == "nccl") {
+#ifdef USE_C10D_NCCL
+    return NcclTransport::Connect(options.store, options.rank, options.world,
+                                  options.timeout);
+#else
+    throw std::invalid_argument(
+        "backend 'nccl' needs a CUDA build of LibTorch; this build has only "
+        "gloo");
+#endif
+  }
+  if (options.backend != "gloo") {
+    throw std::invalid_argument("unknown backend '" + options.backend +
+                                "' (expected gloo or nccl)");
+  }
+  std::unique_ptr<Transport> gloo =
+      GlooTransport::Connect(options.store, options.rank, options.world,
+                             options.gloo_device, options.timeout);
+  if (!SharedMemoryAgreed(*options.store, options.rank, options.world)) {
+    return gloo;
+  }
+  std::unique_ptr<ShmSegment> segment =
+      ShmSegment::Create(*options.store, options.rank, options.world,
+                         kShmSlotBytes, options.timeout);
+  if (segment == nullptr) return gloo;
+  return std::make_unique<ShmTransport>(std::move(segment), std::move(gloo));
+}
+
+}  // namespace internal
+}  // namespace comm
+}  // namespace fsdp2

@@ -1,0 +1,68 @@
+#include "core/comm/internal/gloo_transport.h"
+
+#include <ATen/ATen.h>
+
+#include "core/comm/internal/c10d_collectives.h"
+
+namespace fsdp2 {
+namespace comm {
+namespace internal {
+
+std::unique_ptr<GlooTransport> GlooTransport::Connect(
+    const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
+    const std::shared_ptr<::gloo::transport::Device>& device,
+    std::chrono::milliseconds timeout) {
+  auto options = ::c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(device);
+  options->threads = 1;
+  auto gloo =
+      c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, world, options);
+  return std::make_unique<GlooTransport>(std::move(gloo), rank, world, timeout);
+}
+
+GlooTransport::GlooTransport(c10::intrusive_ptr<C10dBackend> gloo, int rank,
+                             int world, std::chrono::milliseconds timeout)
+    : Transport(rank, world), gloo_(std::move(gloo)), timeout_(timeout) {}
+
+void GlooTransport::all_gather_into_flat(const at::Tensor& output,
+                                         const at::Tensor& input) {
+  all_gather_flat_as_one_piece(output, input);
+}
+
+void GlooTransport::all_gather_pieces(const at::Tensor& buffer,
+                                      const std::vector<Piece>& pieces) {
+  RingAllGatherPieces(*gloo_, rank(), world(), timeout_, buffer, pieces);
+}
+
+void GlooTransport::reduce_scatter_flat(const at::Tensor& output,
+                                        const at::Tensor& input,
+                                        ReduceScatterAlgorithm algorithm) {
+  if (algorithm == ReduceScatterAlgorithm::kAllReduce) {
+    reduce_scatter_by_all_reduce(output, input);
+    return;
+  }
+  RingReduceScatter(*gloo_, rank(), world(), timeout_, output, input,
+                    ring_scratch_);
+}
+
+void GlooTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  const bool upcast = tensor.scalar_type() == at::kBFloat16 ||
+                      tensor.scalar_type() == at::kHalf;
+  if (!upcast) {
+    AllReduce(*gloo_, timeout_, tensor, op);
+    return;
+  }
+  at::Tensor wide = tensor.to(at::kFloat);
+  AllReduce(*gloo_, timeout_, wide, op);
+  tensor.copy_(wide);
+}
+
+void GlooTransport::broadcast(const at::Tensor& tensor, int root) {
+  BroadcastBits(*gloo_, timeout_, tensor, root);
+}
+
+void GlooTransport::barrier() { Wait(gloo_->barrier(), timeout_); }
+
+}  // namespace internal
+}  // namespace comm
+}  // namespace fsdp2

@@ -1,0 +1,95 @@
+#include "core/comm/internal/nccl_transport.h"
+
+#ifdef USE_C10D_NCCL
+
+#include <ATen/ATen.h>
+
+#include "core/comm/internal/c10d_collectives.h"
+
+namespace fsdp2 {
+namespace comm {
+namespace internal {
+
+std::unique_ptr<NcclTransport> NcclTransport::Connect(
+    const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
+    std::chrono::milliseconds timeout) {
+  auto options = ::c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto nccl =
+      c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, rank, world, options);
+  return std::make_unique<NcclTransport>(std::move(nccl), rank, world, timeout);
+}
+
+NcclTransport::NcclTransport(c10::intrusive_ptr<C10dBackend> nccl, int rank,
+                             int world, std::chrono::milliseconds timeout)
+    : Transport(rank, world), nccl_(std::move(nccl)), timeout_(timeout) {}
+
+void NcclTransport::all_gather_into_flat(const at::Tensor& output,
+                                         const at::Tensor& input) {
+  at::Tensor out = output, in = input;
+  Wait(nccl_->_allgather_base(out, in), timeout_);
+}
+
+// Gathers this rank's parts, packed, into a flat buffer of every rank's
+// packs, then scatters those into the pieces.
+void NcclTransport::all_gather_pieces(const at::Tensor& buffer_in,
+                                      const std::vector<Piece>& pieces) {
+  const at::Tensor buffer = buffer_in.view(-1);
+  const int world_size = world();
+  int64_t per_rank = 0;
+  for (const auto& p : pieces) per_rank += p.numel;
+  if (per_rank == 0) return;
+  at::Tensor in = at::empty({per_rank}, buffer.options());
+  at::Tensor out = at::empty({world_size * per_rank}, buffer.options());
+  int64_t at_offset = 0;
+  for (const auto& p : pieces) {
+    in.narrow(0, at_offset, p.numel)
+        .copy_(buffer.narrow(0, world_size * p.offset + rank() * p.numel,
+                             p.numel));
+    at_offset += p.numel;
+  }
+  Wait(nccl_->_allgather_base(out, in), timeout_);
+  auto by_rank = out.view({world_size, per_rank});
+  at_offset = 0;
+  for (const auto& p : pieces) {
+    buffer.narrow(0, world_size * p.offset, world_size * p.numel)
+        .view({world_size, p.numel})
+        .copy_(by_rank.narrow(1, at_offset, p.numel));
+    at_offset += p.numel;
+  }
+}
+
+void NcclTransport::reduce_scatter_flat(const at::Tensor& output,
+                                        const at::Tensor& input,
+                                        ReduceScatterAlgorithm algorithm) {
+  switch (algorithm) {
+    case ReduceScatterAlgorithm::kAuto: {
+      at::Tensor out = output, in = input;
+      Wait(nccl_->_reduce_scatter_base(out, in), timeout_);
+      return;
+    }
+    case ReduceScatterAlgorithm::kRing:
+      RingReduceScatter(*nccl_, rank(), world(), timeout_, output, input,
+                        ring_scratch_);
+      return;
+    case ReduceScatterAlgorithm::kAllReduce:
+      reduce_scatter_by_all_reduce(output, input);
+      return;
+  }
+}
+
+void NcclTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  AllReduce(*nccl_, timeout_, tensor, op);
+}
+
+void NcclTransport::broadcast(const at::Tensor& tensor, int root) {
+  BroadcastBits(*nccl_, timeout_, tensor, root);
+}
+
+void NcclTransport::barrier() { Wait(nccl_->barrier(), timeout_); }
+
+}  // namespace internal
+}  // namespace comm
+}  // namespace fsdp2
+
+#endif  // USE_C10D_NCCL

@@ -1,0 +1,62 @@
+// fsdp2/core/comm/internal/nccl_transport.h
+//
+// NcclTransport: a lane's collectives over c10d's NCCL backend, on CUDA
+// tensors. It uses NCCL's native flat collectives (_allgather_base,
+// _reduce_scatter_base); the piecewise all-gather stages through a flat
+// buffer. Reduce-scatters that name an algorithm (kRing, kAllReduce) run
+// that algorithm, as on Gloo.
+//
+// Exists only in builds with USE_C10D_NCCL (a CUDA LibTorch); this file is
+// written against the c10d API but has not been built or run here.
+// Internal to core/comm; see transport.h for the contract.
+#ifndef FSDP2_CORE_COMM_INTERNAL_NCCL_TRANSPORT_H_
+#define FSDP2_CORE_COMM_INTERNAL_NCCL_TRANSPORT_H_
+
+#ifdef USE_C10D_NCCL
+
+#include <chrono>
+#include <memory>
+
+#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/transport.h"
+
+namespace fsdp2 {
+namespace comm {
+namespace internal {
+
+class NcclTransport final : public Transport {
+ public:
+  // Collective over the `world` ranks sharing `store` (prefixed for this
+  // group and lane): creates their NCCL communicator. Every later operation
+  // fails after `timeout`.
+  static std::unique_ptr<NcclTransport> Connect(
+      const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
+      std::chrono::milliseconds timeout);
+
+  NcclTransport(c10::intrusive_ptr<C10dBackend> nccl, int rank, int world,
+                std::chrono::milliseconds timeout);
+
+  void all_gather_into_flat(const at::Tensor& output,
+                            const at::Tensor& input) override;
+  void all_gather_pieces(const at::Tensor& buffer,
+                         const std::vector<Piece>& pieces) override;
+  // kAuto: NCCL's reduce-scatter; kRing: the send/recv ring; kAllReduce:
+  // an all-reduce.
+  void reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input,
+                           ReduceScatterAlgorithm algorithm) override;
+  void all_reduce(const at::Tensor& tensor, ReduceOp op) override;
+  void broadcast(const at::Tensor& tensor, int root) override;
+  void barrier() override;
+
+ private:
+  c10::intrusive_ptr<C10dBackend> nccl_;
+  std::chrono::milliseconds timeout_;
+  at::Tensor ring_scratch_;  // receive buffer of the ring reduce-scatter
+};
+
+}  // namespace internal
+}  // namespace comm
+}  // namespace fsdp2
+
+#endif  // USE_C10D_NCCL
+#endif  // FSDP2_CORE_COMM_INTERNAL_NCCL_TRANSPORT_H_
