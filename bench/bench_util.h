@@ -2,7 +2,7 @@
 //
 // What the training benchmarks share: running one configuration as N local
 // ranks of this same binary and reading back what its rank 0 measured, and
-// small helpers (medians, resident memory, flags).
+// small helpers (medians, resident memory). Flags: core/flags.
 //
 // A configuration runs in fresh processes (LaunchLocal), so every
 // configuration starts from the same state: no allocator or thread pool
@@ -47,23 +47,6 @@ int64_t PeakResidentBytes();
 // Resets the high-water mark to the current resident set (Linux >= 4.0,
 // /proc/self/clear_refs); returns false if the kernel refused.
 bool ResetPeakResidentBytes();
-
-// --key value flags (also --key=value). Unknown keys are an error.
-class Flags {
- public:
-  Flags(int argc, char** argv);
-  std::string str(const std::string& key, const std::string& fallback);
-  int64_t num(const std::string& key, int64_t fallback);
-  // Every flag was read by str/num; otherwise throws naming the first.
-  void CheckAllUsed() const;
-  // The flags as given, for passing on to child processes.
-  const std::vector<std::string>& raw() const { return raw_; }
-
- private:
-  std::map<std::string, std::string> values_;
-  std::map<std::string, bool> used_;
-  std::vector<std::string> raw_;
-};
 
 // The machine's logical CPU count.
 int Cores();

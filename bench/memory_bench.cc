@@ -35,11 +35,13 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "core/flags/flags.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
+#include "core/models/gpt_module.h"
 
 namespace fsdp2 {
 namespace bench {
@@ -47,13 +49,17 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-models::GPTConfig Config(Flags& flags) {
+const char* kUsage =
+    "usage: bazel run -c opt //bench:memory -- [--flag value ...]\n"
+    "Per-rank memory of FULL_SHARD against NO_SHARD.\n";
+
+models::GPTConfig Config(flags::Flags& flags) {
   models::GPTConfig c;
-  c.n_layer = flags.num("n-layer", 12);
-  c.n_embd = flags.num("n-embd", 768);
-  c.n_head = flags.num("n-head", 12);
-  c.block_size = flags.num("block-size", 64);
-  c.vocab_size = flags.num("vocab-size", 256);
+  c.n_layer = flags.Int("n-layer", 12, "transformer blocks");
+  c.n_embd = flags.Int("n-embd", 768, "embedding width");
+  c.n_head = flags.Int("n-head", 12, "attention heads");
+  c.block_size = flags.Int("block-size", 64, "tokens per sequence");
+  c.vocab_size = flags.Int("vocab-size", 256, "vocabulary");
   c.Validate();
   return c;
 }
@@ -62,12 +68,12 @@ const char* kKeys[] = {"baseline", "peak_train", "peak_process", "sharded_params
                        "sharded_grads", "optimizer_state", "peak_unsharded",
                        "peak_forward", "peak_backward", "peak_step"};
 
-int RunRank(Flags& flags) {
+int RunRank(flags::Flags& flags) {
   const models::GPTConfig config = Config(flags);
-  const std::string strategy = flags.str("strategy", "full_shard");
-  const int64_t global_batch = flags.num("global-batch", 4);
-  const int steps = flags.num("steps", 3);
-  flags.CheckAllUsed();
+  const std::string strategy = flags.String("strategy", "full_shard", "sharding strategy");
+  const int64_t global_batch = flags.Int("global-batch", 4, "sequences per step, all ranks");
+  const int steps = flags.Int("steps", 3, "training steps");
+  flags.Finish();
   const char* threads = std::getenv("FSDP2_THREADS");
   at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
 
@@ -76,7 +82,8 @@ int RunRank(Flags& flags) {
   const int64_t baseline = ResidentBytes();
 
   torch::manual_seed(1337);
-  models::GPT model(config);
+  models::GPTModule module(config, models::GPT2AdamW(3e-4));
+  models::GPT model = module.gpt();
   fsdp::FSDPOptions options;
   options.mesh = comm::DeviceMesh::Create(world, {n}, {"dp"});
   options.strategy = fsdp::ParseShardingStrategy(strategy);
@@ -84,9 +91,7 @@ int RunRank(Flags& flags) {
     fsdp::fully_shard(model->block(i), options);
   }
   fsdp::fully_shard(model, options);
-  torch::optim::AdamW optimizer(
-      model->parameters(),
-      torch::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).weight_decay(0.1));
+  auto optimizer = module.configure_optimizers();
   const int64_t peak_before_training = PeakResidentBytes();
   if (!ResetPeakResidentBytes()) {
     throw std::runtime_error("cannot reset VmHWM through /proc/self/clear_refs");
@@ -110,8 +115,8 @@ int RunRank(Flags& flags) {
   for (int step = 0; step < steps; ++step) {
     at::Tensor loss;
     phase(0, [&] {
-      optimizer.zero_grad();
-      loss = models::LanguageModelLoss(fsdp::forward(model, x), y);
+      optimizer->zero_grad();
+      loss = module.training_step({x, y}, step);
     });
     phase(1, [&] {
       loss.backward();
@@ -119,13 +124,13 @@ int RunRank(Flags& flags) {
     });
     phase(2, [&] {
       fsdp::clip_grad_norm_(*model, 1.0);
-      optimizer.step();
+      optimizer->step();
     });
   }
 
   const auto stats = fsdp::memory_stats(*model);
   int64_t optimizer_bytes = 0;
-  for (const auto& kv : optimizer.state()) {
+  for (const auto& kv : optimizer->state()) {
     const auto& s = static_cast<const torch::optim::AdamWParamState&>(*kv.second);
     optimizer_bytes += s.exp_avg().nbytes() + s.exp_avg_sq().nbytes();
     if (s.max_exp_avg_sq().defined()) optimizer_bytes += s.max_exp_avg_sq().nbytes();
@@ -147,17 +152,18 @@ int RunRank(Flags& flags) {
   return 0;
 }
 
-int RunParent(Flags& flags, const std::string& self) {
-  const bool quick = flags.num("quick", 0) != 0;
-  const int steps = flags.num("steps", quick ? 2 : 4);
-  const int64_t global_batch = flags.num("global-batch", 4);
-  const std::string n_layer = std::to_string(flags.num("n-layer", 12));
-  const std::string n_embd = std::to_string(flags.num("n-embd", 768));
-  const std::string n_head = std::to_string(flags.num("n-head", 12));
-  const std::string block = std::to_string(flags.num("block-size", 64));
-  const std::string vocab = std::to_string(flags.num("vocab-size", 256));
-  const std::string nprocs_flag = flags.str("nprocs", "1,2,4");
-  flags.CheckAllUsed();
+int RunParent(flags::Flags& flags, const std::string& self) {
+  const bool quick = flags.Int("quick", 0, "1: fewer steps") != 0;
+  const int steps = flags.Int("steps", quick ? 2 : 4, "training steps");
+  const int64_t global_batch = flags.Int("global-batch", 4, "sequences per step, all ranks");
+  const models::GPTConfig config = Config(flags);
+  const std::string n_layer = std::to_string(config.n_layer);
+  const std::string n_embd = std::to_string(config.n_embd);
+  const std::string n_head = std::to_string(config.n_head);
+  const std::string block = std::to_string(config.block_size);
+  const std::string vocab = std::to_string(config.vocab_size);
+  const std::string nprocs_flag = flags.String("nprocs", "1,2,4", "rank counts, comma-separated");
+  flags.Finish();
   std::vector<int> nprocs;
   {
     std::stringstream s(nprocs_flag);
@@ -225,7 +231,7 @@ int RunParent(Flags& flags, const std::string& self) {
 int main(int argc, char** argv) {
   using namespace fsdp2;
   try {
-    bench::Flags flags(argc, argv);
+    flags::Flags flags(argc, argv, bench::kUsage);
     if (!launch::IsRankProcess()) return bench::RunParent(flags, argv[0]);
     return bench::RunRank(flags);
   } catch (const std::exception& e) {

@@ -8,6 +8,17 @@
 namespace fsdp2 {
 namespace models {
 
+strategy::OptimizerOptions GPT2AdamW(double lr) {
+  strategy::OptimizerOptions o;
+  o.kind = strategy::OptimizerKind::kAdamW;
+  o.lr = lr;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.eps = 1e-8;
+  o.weight_decay = 0.1;
+  return o;
+}
+
 GPTModule::GPTModule(const GPTConfig& config, const strategy::OptimizerOptions& optimizer,
                      std::optional<at::ScalarType> dtype)
     : gpt_(config), optimizer_(optimizer) {

@@ -21,6 +21,10 @@
 namespace fsdp2 {
 namespace models {
 
+// AdamW with GPT-2's hyper-parameters, betas (0.9, 0.95) and weight decay
+// 0.1, at learning rate `lr`: what the main job and the benchmarks use.
+strategy::OptimizerOptions GPT2AdamW(double lr);
+
 class GPTModule : public strategy::TrainingModule {
  public:
   // Builds the GPT, drawing its initial parameters from the default

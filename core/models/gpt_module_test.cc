@@ -50,10 +50,7 @@ TEST(GPTModule, SameSeedSameParametersAndDtypeConversion) {
 }
 
 TEST(GPTModule, OptimizerFromItsOptions) {
-  strategy::OptimizerOptions o;
-  o.lr = 3e-3;
-  o.beta2 = 0.95;
-  o.weight_decay = 0.1;
+  strategy::OptimizerOptions o = GPT2AdamW(3e-3);
   GPTModule adamw(Small(), o);
   auto opt = adamw.configure_optimizers();
   auto* a = dynamic_cast<torch::optim::AdamW*>(opt.get());
@@ -61,7 +58,9 @@ TEST(GPTModule, OptimizerFromItsOptions) {
   EXPECT_EQ(a->param_groups()[0].params().size(), adamw.module()->parameters().size());
   const auto& g = static_cast<torch::optim::AdamWOptions&>(a->param_groups()[0].options());
   EXPECT_EQ(g.lr(), 3e-3);
+  EXPECT_EQ(std::get<0>(g.betas()), 0.9);
   EXPECT_EQ(std::get<1>(g.betas()), 0.95);
+  EXPECT_EQ(g.eps(), 1e-8);
   EXPECT_EQ(g.weight_decay(), 0.1);
   o.kind = strategy::OptimizerKind::kSGD;
   GPTModule sgd(Small(), o);
