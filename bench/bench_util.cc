@@ -105,6 +105,24 @@ bool ResetPeakResidentBytes() {
   return static_cast<bool>(out);
 }
 
+models::GPTConfig ReadGPTConfig(flags::Flags& flags, const models::GPTConfig& defaults) {
+  models::GPTConfig c;
+  c.n_layer = flags.Int("n-layer", defaults.n_layer, "transformer blocks");
+  c.n_embd = flags.Int("n-embd", defaults.n_embd, "embedding width");
+  c.n_head = flags.Int("n-head", defaults.n_head, "attention heads");
+  c.block_size = flags.Int("block-size", defaults.block_size, "tokens per sequence");
+  c.vocab_size = flags.Int("vocab-size", defaults.vocab_size, "vocabulary");
+  c.Validate();
+  return c;
+}
+
+std::vector<std::string> GPTConfigArgs(const models::GPTConfig& c) {
+  return {"--n-layer",    std::to_string(c.n_layer),    "--n-embd",
+          std::to_string(c.n_embd), "--n-head",         std::to_string(c.n_head),
+          "--block-size", std::to_string(c.block_size), "--vocab-size",
+          std::to_string(c.vocab_size)};
+}
+
 int Cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }

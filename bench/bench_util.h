@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "core/flags/flags.h"
+#include "core/models/gpt.h"
+
 namespace fsdp2 {
 namespace bench {
 
@@ -47,6 +50,14 @@ int64_t PeakResidentBytes();
 // Resets the high-water mark to the current resident set (Linux >= 4.0,
 // /proc/self/clear_refs); returns false if the kernel refused.
 bool ResetPeakResidentBytes();
+
+// The GPT's size flags (--n-layer, --n-embd, --n-head, --block-size,
+// --vocab-size), `defaults` where one is not given. Throws
+// std::invalid_argument for an invalid model (GPTConfig::Validate) and
+// flags::FlagError for a value that is not a whole number.
+models::GPTConfig ReadGPTConfig(flags::Flags& flags, const models::GPTConfig& defaults);
+// Those flags with `config`'s values, for a rank's command line.
+std::vector<std::string> GPTConfigArgs(const models::GPTConfig& config);
 
 // The machine's logical CPU count.
 int Cores();

@@ -30,7 +30,6 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -53,15 +52,16 @@ const char* kUsage =
     "usage: bazel run -c opt //bench:memory -- [--flag value ...]\n"
     "Per-rank memory of FULL_SHARD against NO_SHARD.\n";
 
+// GPT-2 small's blocks with a 256-token vocabulary, unless flags say
+// otherwise.
 models::GPTConfig Config(flags::Flags& flags) {
-  models::GPTConfig c;
-  c.n_layer = flags.Int("n-layer", 12, "transformer blocks");
-  c.n_embd = flags.Int("n-embd", 768, "embedding width");
-  c.n_head = flags.Int("n-head", 12, "attention heads");
-  c.block_size = flags.Int("block-size", 64, "tokens per sequence");
-  c.vocab_size = flags.Int("vocab-size", 256, "vocabulary");
-  c.Validate();
-  return c;
+  models::GPTConfig gpt2_small;
+  gpt2_small.n_layer = 12;
+  gpt2_small.n_embd = 768;
+  gpt2_small.n_head = 12;
+  gpt2_small.block_size = 64;
+  gpt2_small.vocab_size = 256;
+  return ReadGPTConfig(flags, gpt2_small);
 }
 
 const char* kKeys[] = {"baseline", "peak_train", "peak_process", "sharded_params",
@@ -157,23 +157,13 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   const int steps = flags.Int("steps", quick ? 2 : 4, "training steps");
   const int64_t global_batch = flags.Int("global-batch", 4, "sequences per step, all ranks");
   const models::GPTConfig config = Config(flags);
-  const std::string n_layer = std::to_string(config.n_layer);
-  const std::string n_embd = std::to_string(config.n_embd);
-  const std::string n_head = std::to_string(config.n_head);
-  const std::string block = std::to_string(config.block_size);
-  const std::string vocab = std::to_string(config.vocab_size);
-  const std::string nprocs_flag = flags.String("nprocs", "1,2,4", "rank counts, comma-separated");
+  const std::vector<int64_t> nprocs = flags.IntList("nprocs", {1, 2, 4}, "rank counts");
   flags.Finish();
-  std::vector<int> nprocs;
-  {
-    std::stringstream s(nprocs_flag);
-    std::string item;
-    while (std::getline(s, item, ',')) nprocs.push_back(std::stoi(item));
-  }
-  std::printf("memory bench: GPT n_layer %s n_embd %s n_head %s block %s vocab %s; "
+  std::printf("memory bench: GPT n_layer %lld n_embd %lld n_head %lld block %lld vocab %lld; "
               "AdamW fp32; global batch %lld; %d steps; load %s\n",
-              n_layer.c_str(), n_embd.c_str(), n_head.c_str(), block.c_str(),
-              vocab.c_str(), (long long)global_batch, steps, LoadAverage().c_str());
+              (long long)config.n_layer, (long long)config.n_embd, (long long)config.n_head,
+              (long long)config.block_size, (long long)config.vocab_size,
+              (long long)global_batch, steps, LoadAverage().c_str());
   std::printf("(MiB per rank, the largest over ranks; peak train is the largest of "
               "the peaks in forward, backward and clip + optimizer step)\n\n"
               "%-16s %9s %10s %12s %9s %9s %9s %10s %8s %8s %8s %10s\n",
@@ -185,11 +175,10 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   for (int n : nprocs) {
     for (const char* strategy : {"full_shard", "no_shard"}) {
       if (n == 1 && std::string(strategy) == "no_shard") continue;  // the same
-      Results r = RunConfiguration(
-          self, n, std::max(1, cores / n),
-          {"--strategy", strategy, "--steps", std::to_string(steps), "--global-batch",
-           std::to_string(global_batch), "--n-layer", n_layer, "--n-embd", n_embd,
-           "--n-head", n_head, "--block-size", block, "--vocab-size", vocab});
+      std::vector<std::string> args = {"--strategy", strategy, "--steps", std::to_string(steps),
+                                       "--global-batch", std::to_string(global_batch)};
+      for (const auto& a : GPTConfigArgs(config)) args.push_back(a);
+      Results r = RunConfiguration(self, n, std::max(1, cores / n), args);
       const std::string label = std::string(fsdp::ToString(
                                     fsdp::ParseShardingStrategy(strategy))) +
                                 " N=" + std::to_string(n);

@@ -61,39 +61,33 @@ double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// The model (the main job's GPT unless flags say otherwise) and the global
+// batch.
 struct ModelFlags {
-  int64_t n_layer = 4, n_embd = 128, n_head = 4, block_size = 64,
-          vocab_size = 256, global_batch = 16;
+  models::GPTConfig config;
+  int64_t global_batch = 16;
 };
 
 ModelFlags ReadModelFlags(flags::Flags& flags) {
+  models::GPTConfig main_job;  // examples/train_gpt.cc's defaults
+  main_job.n_layer = 4;
+  main_job.n_embd = 128;
+  main_job.n_head = 4;
+  main_job.block_size = 64;
+  main_job.vocab_size = 256;
   ModelFlags m;
-  m.n_layer = flags.Int("n-layer", m.n_layer, "transformer blocks");
-  m.n_embd = flags.Int("n-embd", m.n_embd, "embedding width");
-  m.n_head = flags.Int("n-head", m.n_head, "attention heads");
-  m.block_size = flags.Int("block-size", m.block_size, "tokens per sequence");
-  m.vocab_size = flags.Int("vocab-size", m.vocab_size, "vocabulary");
+  m.config = ReadGPTConfig(flags, main_job);
   m.global_batch = flags.Int("global-batch", m.global_batch, "sequences per step, all ranks");
   return m;
 }
 
+// The flags ReadModelFlags reads, for a rank's or python_ddp_gpt.py's
+// command line.
 std::vector<std::string> ModelArgs(const ModelFlags& m) {
-  return {"--n-layer", std::to_string(m.n_layer), "--n-embd",
-          std::to_string(m.n_embd), "--n-head", std::to_string(m.n_head),
-          "--block-size", std::to_string(m.block_size), "--vocab-size",
-          std::to_string(m.vocab_size), "--global-batch",
-          std::to_string(m.global_batch)};
-}
-
-models::GPTConfig Config(const ModelFlags& m) {
-  models::GPTConfig c;
-  c.n_layer = m.n_layer;
-  c.n_embd = m.n_embd;
-  c.n_head = m.n_head;
-  c.block_size = m.block_size;
-  c.vocab_size = m.vocab_size;
-  c.Validate();
-  return c;
+  std::vector<std::string> args = GPTConfigArgs(m.config);
+  args.push_back("--global-batch");
+  args.push_back(std::to_string(m.global_batch));
+  return args;
 }
 
 // Model FLOPs of one training step on `tokens` tokens: 6 per matmul weight
@@ -151,8 +145,8 @@ int RunTrainRank(flags::Flags& flags) {
   if (m.global_batch % n != 0) {
     throw std::invalid_argument("--global-batch must be a multiple of the ranks");
   }
-  const int64_t batch = m.global_batch / n, T = m.block_size;
-  const models::GPTConfig config = Config(m);
+  const int64_t batch = m.global_batch / n, T = m.config.block_size;
+  const models::GPTConfig& config = m.config;
 
   torch::manual_seed(1337);
   models::GPTModule module(config, models::GPT2AdamW(3e-3));
@@ -311,25 +305,19 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   const int steps = flags.Int("steps", quick ? 8 : 30, "timed steps per round");
   const int warmup = flags.Int("warmup", quick ? 2 : 5, "untimed steps first");
   const int rounds = flags.Int("rounds", quick ? 1 : 3, "rounds over all configurations");
-  const std::string nprocs_flag = flags.String("nprocs", "2,4", "rank counts, comma-separated");
+  const std::vector<int64_t> nprocs = flags.IntList("nprocs", {2, 4}, "rank counts");
   const std::string python_ddp =
       flags.String("python-ddp", "auto", "1|0|auto: also run PyTorch's DDP");
   flags.Finish();
-  std::vector<int> nprocs;
-  {
-    std::stringstream s(nprocs_flag);
-    std::string item;
-    while (std::getline(s, item, ',')) nprocs.push_back(std::stoi(item));
-  }
   const int cores = Cores();
-  const models::GPTConfig config = Config(m);
-  const int64_t tokens = m.global_batch * m.block_size;
+  const models::GPTConfig& config = m.config;
+  const int64_t tokens = m.global_batch * config.block_size;
   const double flops = StepFlops(config, tokens);
 
   std::printf("train bench: %s, AdamW + clip 1.0, fp32\n", config.ToString().c_str());
   std::printf("global batch %lld x %lld tokens = %lld tokens/step; %.3f GFLOP/step; "
               "%d cores; %d+%d steps x %d rounds; load %s\n",
-              (long long)m.global_batch, (long long)m.block_size,
+              (long long)m.global_batch, (long long)config.block_size,
               (long long)tokens, flops / 1e9, cores, warmup, steps, rounds,
               LoadAverage().c_str());
   std::fflush(stdout);

@@ -82,6 +82,32 @@ std::string Flags::String(const std::string& name, const std::string& default_va
   return value == nullptr ? default_value : *value;
 }
 
+std::vector<int64_t> Flags::IntList(const std::string& name,
+                                    const std::vector<int64_t>& default_value,
+                                    const std::string& help) {
+  std::string shown;
+  for (int64_t v : default_value) shown += (shown.empty() ? "" : ",") + std::to_string(v);
+  const std::string* value = Read(name, "N,N,...", help, shown);
+  if (value == nullptr) return default_value;
+  std::vector<int64_t> result;
+  for (size_t start = 0;;) {
+    const size_t comma = value->find(',', start);
+    const std::string item = value->substr(start, comma - start);
+    size_t used = 0;
+    try {
+      result.push_back(std::stoll(item, &used));
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size()) {
+      throw FlagError("--" + name + " expects integers separated by commas, got '" +
+                      *value + "'");
+    }
+    if (comma == std::string::npos) return result;
+    start = comma + 1;
+  }
+}
+
 void Flags::Finish() const {
   if (help_requested_) {
     std::cout << Help();

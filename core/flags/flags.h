@@ -49,6 +49,10 @@ class Flags {
   double Double(const std::string& name, double default_value, const std::string& help);
   std::string String(const std::string& name, const std::string& default_value,
                      const std::string& help);
+  // Comma-separated whole numbers ("2,4"); FlagError for anything else.
+  std::vector<int64_t> IntList(const std::string& name,
+                               const std::vector<int64_t>& default_value,
+                               const std::string& help);
 
   // Call once every flag has been read. After --help: prints Help() to
   // stdout and exits with status 0. Otherwise throws FlagError naming the

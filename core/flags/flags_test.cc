@@ -72,6 +72,17 @@ TEST(Flags, ErrorsAreOneLineSayingWhatIsWrong) {
   }
 }
 
+TEST(Flags, IntegerLists) {
+  CommandLine line({"--nprocs", "1,2,4"});
+  Flags flags = line.Parse();
+  EXPECT_EQ(flags.IntList("nprocs", {2, 4}, ""), (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(flags.IntList("other", {2, 4}, ""), (std::vector<int64_t>{2, 4}));
+  for (const std::string bad : {"1,,2", "two", "1,2,", ""}) {
+    EXPECT_EQ(ErrorOf([&] { CommandLine({"--nprocs", bad}).Parse().IntList("nprocs", {}, ""); }),
+              "--nprocs expects integers separated by commas, got '" + bad + "'");
+  }
+}
+
 TEST(Flags, HelpListsWhatWasReadWithDefaultsAndIgnoresTheRest) {
   CommandLine line({"--steps", "oops", "--help", "--not-read", "1"});
   Flags flags = line.Parse();
@@ -80,6 +91,7 @@ TEST(Flags, HelpListsWhatWasReadWithDefaultsAndIgnoresTheRest) {
   flags.Double("lr", 3e-3, "learning rate");
   flags.String("data", "pystdlib", "PATH, pystdlib or synthetic");
   flags.String("out-dir", "", "where metrics go");
+  flags.IntList("nprocs", {2, 4}, "rank counts");
   const std::string help = flags.Help();
   EXPECT_EQ(help.rfind("usage: prog [flags]\n", 0), 0u) << help;
   EXPECT_NE(help.find("--steps N"), std::string::npos) << help;
@@ -87,6 +99,8 @@ TEST(Flags, HelpListsWhatWasReadWithDefaultsAndIgnoresTheRest) {
   EXPECT_NE(help.find("learning rate (default 0.003)"), std::string::npos) << help;
   EXPECT_NE(help.find("PATH, pystdlib or synthetic (default pystdlib)"), std::string::npos);
   EXPECT_NE(help.find("where metrics go\n"), std::string::npos) << help;
+  EXPECT_NE(help.find("--nprocs N,N,...           rank counts (default 2,4)"), std::string::npos)
+      << help;
   EXPECT_EXIT(flags.Finish(), ::testing::ExitedWithCode(0), "");
 }
 
