@@ -105,58 +105,22 @@ bool ResetPeakResidentBytes() {
   return static_cast<bool>(out);
 }
 
-Flags::Flags(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.rfind("--", 0) != 0) {
-      throw std::invalid_argument("unexpected argument '" + arg + "'");
-    }
-    std::string key = arg.substr(2), value;
-    const auto eq = key.find('=');
-    if (eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      throw std::invalid_argument("flag --" + key + " needs a value");
-    }
-    values_[key] = value;
-    used_[key] = false;
-    raw_.push_back("--" + key);
-    raw_.push_back(value);
-  }
+models::GPTConfig ReadGPTConfig(flags::Flags& flags, const models::GPTConfig& defaults) {
+  models::GPTConfig c;
+  c.n_layer = flags.Int("n-layer", defaults.n_layer, "transformer blocks");
+  c.n_embd = flags.Int("n-embd", defaults.n_embd, "embedding width");
+  c.n_head = flags.Int("n-head", defaults.n_head, "attention heads");
+  c.block_size = flags.Int("block-size", defaults.block_size, "tokens per sequence");
+  c.vocab_size = flags.Int("vocab-size", defaults.vocab_size, "vocabulary");
+  c.Validate();
+  return c;
 }
 
-std::string Flags::str(const std::string& key, const std::string& fallback) {
-  auto it = values_.find(key);
-  if (it == values_.end()) return fallback;
-  used_[key] = true;
-  return it->second;
-}
-
-int64_t Flags::num(const std::string& key, int64_t fallback) {
-  auto it = values_.find(key);
-  if (it == values_.end()) return fallback;
-  used_[key] = true;
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(it->second, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != it->second.size()) {
-    throw std::invalid_argument("--" + key + " expects an integer, got '" +
-                                it->second + "'");
-  }
-  return v;
-}
-
-void Flags::CheckAllUsed() const {
-  for (const auto& [key, used] : used_) {
-    if (!used) throw std::invalid_argument("unknown flag --" + key);
-  }
+std::vector<std::string> GPTConfigArgs(const models::GPTConfig& c) {
+  return {"--n-layer",    std::to_string(c.n_layer),    "--n-embd",
+          std::to_string(c.n_embd), "--n-head",         std::to_string(c.n_head),
+          "--block-size", std::to_string(c.block_size), "--vocab-size",
+          std::to_string(c.vocab_size)};
 }
 
 int Cores() {

@@ -2,7 +2,7 @@
 //
 // What the training benchmarks share: running one configuration as N local
 // ranks of this same binary and reading back what its rank 0 measured, and
-// small helpers (medians, resident memory, flags).
+// small helpers (medians, resident memory). Flags: core/flags.
 //
 // A configuration runs in fresh processes (LaunchLocal), so every
 // configuration starts from the same state: no allocator or thread pool
@@ -15,6 +15,9 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "core/flags/flags.h"
+#include "core/models/gpt.h"
 
 namespace fsdp2 {
 namespace bench {
@@ -48,22 +51,13 @@ int64_t PeakResidentBytes();
 // /proc/self/clear_refs); returns false if the kernel refused.
 bool ResetPeakResidentBytes();
 
-// --key value flags (also --key=value). Unknown keys are an error.
-class Flags {
- public:
-  Flags(int argc, char** argv);
-  std::string str(const std::string& key, const std::string& fallback);
-  int64_t num(const std::string& key, int64_t fallback);
-  // Every flag was read by str/num; otherwise throws naming the first.
-  void CheckAllUsed() const;
-  // The flags as given, for passing on to child processes.
-  const std::vector<std::string>& raw() const { return raw_; }
-
- private:
-  std::map<std::string, std::string> values_;
-  std::map<std::string, bool> used_;
-  std::vector<std::string> raw_;
-};
+// The GPT's size flags (--n-layer, --n-embd, --n-head, --block-size,
+// --vocab-size), `defaults` where one is not given. Throws
+// std::invalid_argument for an invalid model (GPTConfig::Validate) and
+// flags::FlagError for a value that is not a whole number.
+models::GPTConfig ReadGPTConfig(flags::Flags& flags, const models::GPTConfig& defaults);
+// Those flags with `config`'s values, for a rank's command line.
+std::vector<std::string> GPTConfigArgs(const models::GPTConfig& config);
 
 // The machine's logical CPU count.
 int Cores();

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/comm/world.h"
+#include "core/flags/flags.h"
 #include "core/launch/local_launcher.h"
 
 using namespace fsdp2;
@@ -119,11 +120,15 @@ int RunRank(int reps) {
 
 int main(int argc, char** argv) {
   int nproc = 2, reps = 10;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--nproc") nproc = std::atoi(argv[i + 1]);
-    else if (flag == "--reps") reps = std::atoi(argv[i + 1]);
-    else { std::cerr << "collectives: unknown flag " << flag << "\n"; return 2; }
+  try {
+    flags::Flags flags(argc, argv,
+                       "usage: bazel run -c opt //bench:collectives -- [--flag value ...]\n");
+    nproc = flags.Int("nproc", nproc, "ranks");
+    reps = flags.Int("reps", reps, "timed repetitions of each collective and size");
+    flags.Finish();
+  } catch (const flags::FlagError& e) {
+    std::cerr << "collectives: " << e.what() << "\n";
+    return 2;
   }
   try {
     if (!launch::IsRankProcess()) {

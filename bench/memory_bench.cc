@@ -30,16 +30,17 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "core/flags/flags.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
+#include "core/models/gpt_module.h"
 
 namespace fsdp2 {
 namespace bench {
@@ -47,27 +48,32 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-models::GPTConfig Config(Flags& flags) {
-  models::GPTConfig c;
-  c.n_layer = flags.num("n-layer", 12);
-  c.n_embd = flags.num("n-embd", 768);
-  c.n_head = flags.num("n-head", 12);
-  c.block_size = flags.num("block-size", 64);
-  c.vocab_size = flags.num("vocab-size", 256);
-  c.Validate();
-  return c;
+const char* kUsage =
+    "usage: bazel run -c opt //bench:memory -- [--flag value ...]\n"
+    "Per-rank memory of FULL_SHARD against NO_SHARD.\n";
+
+// GPT-2 small's blocks with a 256-token vocabulary, unless flags say
+// otherwise.
+models::GPTConfig Config(flags::Flags& flags) {
+  models::GPTConfig gpt2_small;
+  gpt2_small.n_layer = 12;
+  gpt2_small.n_embd = 768;
+  gpt2_small.n_head = 12;
+  gpt2_small.block_size = 64;
+  gpt2_small.vocab_size = 256;
+  return ReadGPTConfig(flags, gpt2_small);
 }
 
 const char* kKeys[] = {"baseline", "peak_train", "peak_process", "sharded_params",
                        "sharded_grads", "optimizer_state", "peak_unsharded",
                        "peak_forward", "peak_backward", "peak_step"};
 
-int RunRank(Flags& flags) {
+int RunRank(flags::Flags& flags) {
   const models::GPTConfig config = Config(flags);
-  const std::string strategy = flags.str("strategy", "full_shard");
-  const int64_t global_batch = flags.num("global-batch", 4);
-  const int steps = flags.num("steps", 3);
-  flags.CheckAllUsed();
+  const std::string strategy = flags.String("strategy", "full_shard", "sharding strategy");
+  const int64_t global_batch = flags.Int("global-batch", 4, "sequences per step, all ranks");
+  const int steps = flags.Int("steps", 3, "training steps");
+  flags.Finish();
   const char* threads = std::getenv("FSDP2_THREADS");
   at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
 
@@ -76,7 +82,8 @@ int RunRank(Flags& flags) {
   const int64_t baseline = ResidentBytes();
 
   torch::manual_seed(1337);
-  models::GPT model(config);
+  models::GPTModule module(config, models::GPT2AdamW(3e-4));
+  models::GPT model = module.gpt();
   fsdp::FSDPOptions options;
   options.mesh = comm::DeviceMesh::Create(world, {n}, {"dp"});
   options.strategy = fsdp::ParseShardingStrategy(strategy);
@@ -84,9 +91,7 @@ int RunRank(Flags& flags) {
     fsdp::fully_shard(model->block(i), options);
   }
   fsdp::fully_shard(model, options);
-  torch::optim::AdamW optimizer(
-      model->parameters(),
-      torch::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).weight_decay(0.1));
+  auto optimizer = module.configure_optimizers();
   const int64_t peak_before_training = PeakResidentBytes();
   if (!ResetPeakResidentBytes()) {
     throw std::runtime_error("cannot reset VmHWM through /proc/self/clear_refs");
@@ -110,8 +115,8 @@ int RunRank(Flags& flags) {
   for (int step = 0; step < steps; ++step) {
     at::Tensor loss;
     phase(0, [&] {
-      optimizer.zero_grad();
-      loss = models::LanguageModelLoss(fsdp::forward(model, x), y);
+      optimizer->zero_grad();
+      loss = module.training_step({x, y}, step);
     });
     phase(1, [&] {
       loss.backward();
@@ -119,13 +124,13 @@ int RunRank(Flags& flags) {
     });
     phase(2, [&] {
       fsdp::clip_grad_norm_(*model, 1.0);
-      optimizer.step();
+      optimizer->step();
     });
   }
 
   const auto stats = fsdp::memory_stats(*model);
   int64_t optimizer_bytes = 0;
-  for (const auto& kv : optimizer.state()) {
+  for (const auto& kv : optimizer->state()) {
     const auto& s = static_cast<const torch::optim::AdamWParamState&>(*kv.second);
     optimizer_bytes += s.exp_avg().nbytes() + s.exp_avg_sq().nbytes();
     if (s.max_exp_avg_sq().defined()) optimizer_bytes += s.max_exp_avg_sq().nbytes();
@@ -147,27 +152,18 @@ int RunRank(Flags& flags) {
   return 0;
 }
 
-int RunParent(Flags& flags, const std::string& self) {
-  const bool quick = flags.num("quick", 0) != 0;
-  const int steps = flags.num("steps", quick ? 2 : 4);
-  const int64_t global_batch = flags.num("global-batch", 4);
-  const std::string n_layer = std::to_string(flags.num("n-layer", 12));
-  const std::string n_embd = std::to_string(flags.num("n-embd", 768));
-  const std::string n_head = std::to_string(flags.num("n-head", 12));
-  const std::string block = std::to_string(flags.num("block-size", 64));
-  const std::string vocab = std::to_string(flags.num("vocab-size", 256));
-  const std::string nprocs_flag = flags.str("nprocs", "1,2,4");
-  flags.CheckAllUsed();
-  std::vector<int> nprocs;
-  {
-    std::stringstream s(nprocs_flag);
-    std::string item;
-    while (std::getline(s, item, ',')) nprocs.push_back(std::stoi(item));
-  }
-  std::printf("memory bench: GPT n_layer %s n_embd %s n_head %s block %s vocab %s; "
+int RunParent(flags::Flags& flags, const std::string& self) {
+  const bool quick = flags.Int("quick", 0, "1: fewer steps") != 0;
+  const int steps = flags.Int("steps", quick ? 2 : 4, "training steps");
+  const int64_t global_batch = flags.Int("global-batch", 4, "sequences per step, all ranks");
+  const models::GPTConfig config = Config(flags);
+  const std::vector<int64_t> nprocs = flags.IntList("nprocs", {1, 2, 4}, "rank counts");
+  flags.Finish();
+  std::printf("memory bench: GPT n_layer %lld n_embd %lld n_head %lld block %lld vocab %lld; "
               "AdamW fp32; global batch %lld; %d steps; load %s\n",
-              n_layer.c_str(), n_embd.c_str(), n_head.c_str(), block.c_str(),
-              vocab.c_str(), (long long)global_batch, steps, LoadAverage().c_str());
+              (long long)config.n_layer, (long long)config.n_embd, (long long)config.n_head,
+              (long long)config.block_size, (long long)config.vocab_size,
+              (long long)global_batch, steps, LoadAverage().c_str());
   std::printf("(MiB per rank, the largest over ranks; peak train is the largest of "
               "the peaks in forward, backward and clip + optimizer step)\n\n"
               "%-16s %9s %10s %12s %9s %9s %9s %10s %8s %8s %8s %10s\n",
@@ -179,11 +175,10 @@ int RunParent(Flags& flags, const std::string& self) {
   for (int n : nprocs) {
     for (const char* strategy : {"full_shard", "no_shard"}) {
       if (n == 1 && std::string(strategy) == "no_shard") continue;  // the same
-      Results r = RunConfiguration(
-          self, n, std::max(1, cores / n),
-          {"--strategy", strategy, "--steps", std::to_string(steps), "--global-batch",
-           std::to_string(global_batch), "--n-layer", n_layer, "--n-embd", n_embd,
-           "--n-head", n_head, "--block-size", block, "--vocab-size", vocab});
+      std::vector<std::string> args = {"--strategy", strategy, "--steps", std::to_string(steps),
+                                       "--global-batch", std::to_string(global_batch)};
+      for (const auto& a : GPTConfigArgs(config)) args.push_back(a);
+      Results r = RunConfiguration(self, n, std::max(1, cores / n), args);
       const std::string label = std::string(fsdp::ToString(
                                     fsdp::ParseShardingStrategy(strategy))) +
                                 " N=" + std::to_string(n);
@@ -225,7 +220,7 @@ int RunParent(Flags& flags, const std::string& self) {
 int main(int argc, char** argv) {
   using namespace fsdp2;
   try {
-    bench::Flags flags(argc, argv);
+    flags::Flags flags(argc, argv, bench::kUsage);
     if (!launch::IsRankProcess()) return bench::RunParent(flags, argv[0]);
     return bench::RunRank(flags);
   } catch (const std::exception& e) {

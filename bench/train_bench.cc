@@ -28,7 +28,6 @@
 #include <ATen/Parallel.h>
 #include <torch/types.h>
 #include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
 
 #include <chrono>
 #include <cstdio>
@@ -39,12 +38,14 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "core/flags/flags.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/fsdp_unit.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
+#include "core/models/gpt_module.h"
 
 namespace fsdp2 {
 namespace bench {
@@ -52,43 +53,41 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+const char* kUsage =
+    "usage: bazel run -c opt //bench:train -- [--flag value ...]\n"
+    "Training speed of the engine against one process and PyTorch's DDP.\n";
+
 double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// The model (the main job's GPT unless flags say otherwise) and the global
+// batch.
 struct ModelFlags {
-  int64_t n_layer = 4, n_embd = 128, n_head = 4, block_size = 64,
-          vocab_size = 256, global_batch = 16;
+  models::GPTConfig config;
+  int64_t global_batch = 16;
 };
 
-ModelFlags ReadModelFlags(Flags& flags) {
+ModelFlags ReadModelFlags(flags::Flags& flags) {
+  models::GPTConfig main_job;  // examples/train_gpt.cc's defaults
+  main_job.n_layer = 4;
+  main_job.n_embd = 128;
+  main_job.n_head = 4;
+  main_job.block_size = 64;
+  main_job.vocab_size = 256;
   ModelFlags m;
-  m.n_layer = flags.num("n-layer", m.n_layer);
-  m.n_embd = flags.num("n-embd", m.n_embd);
-  m.n_head = flags.num("n-head", m.n_head);
-  m.block_size = flags.num("block-size", m.block_size);
-  m.vocab_size = flags.num("vocab-size", m.vocab_size);
-  m.global_batch = flags.num("global-batch", m.global_batch);
+  m.config = ReadGPTConfig(flags, main_job);
+  m.global_batch = flags.Int("global-batch", m.global_batch, "sequences per step, all ranks");
   return m;
 }
 
+// The flags ReadModelFlags reads, for a rank's or python_ddp_gpt.py's
+// command line.
 std::vector<std::string> ModelArgs(const ModelFlags& m) {
-  return {"--n-layer", std::to_string(m.n_layer), "--n-embd",
-          std::to_string(m.n_embd), "--n-head", std::to_string(m.n_head),
-          "--block-size", std::to_string(m.block_size), "--vocab-size",
-          std::to_string(m.vocab_size), "--global-batch",
-          std::to_string(m.global_batch)};
-}
-
-models::GPTConfig Config(const ModelFlags& m) {
-  models::GPTConfig c;
-  c.n_layer = m.n_layer;
-  c.n_embd = m.n_embd;
-  c.n_head = m.n_head;
-  c.block_size = m.block_size;
-  c.vocab_size = m.vocab_size;
-  c.Validate();
-  return c;
+  std::vector<std::string> args = GPTConfigArgs(m.config);
+  args.push_back("--global-batch");
+  args.push_back(std::to_string(m.global_batch));
+  return args;
 }
 
 // Model FLOPs of one training step on `tokens` tokens: 6 per matmul weight
@@ -109,9 +108,9 @@ int ThreadsFromLauncher() {
 // ---------------------------------------------------------------- ranks
 
 // GEMM throughput of this process's threads: fp32 n x n matmuls.
-int RunGemmRank(Flags& flags) {
-  const int64_t n = flags.num("gemm-size", 2048);
-  flags.CheckAllUsed();
+int RunGemmRank(flags::Flags& flags) {
+  const int64_t n = flags.Int("gemm-size", 2048, "n of the n x n matmuls");
+  flags.Finish();
   at::set_num_threads(ThreadsFromLauncher());
   at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
   std::vector<double> gflops;
@@ -132,11 +131,13 @@ struct UnitRef {
   fsdp::FSDPUnit* unit;
 };
 
-int RunTrainRank(Flags& flags) {
+int RunTrainRank(flags::Flags& flags) {
   const ModelFlags m = ReadModelFlags(flags);
-  const std::string strategy = flags.str("strategy", "full_shard");
-  const int steps = flags.num("steps", 20), warmup = flags.num("warmup", 3);
-  flags.CheckAllUsed();
+  const std::string strategy =
+      flags.String("strategy", "full_shard", "single (no engine) or a sharding strategy");
+  const int steps = flags.Int("steps", 20, "timed steps");
+  const int warmup = flags.Int("warmup", 3, "untimed steps first");
+  flags.Finish();
   at::set_num_threads(ThreadsFromLauncher());
 
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
@@ -144,11 +145,12 @@ int RunTrainRank(Flags& flags) {
   if (m.global_batch % n != 0) {
     throw std::invalid_argument("--global-batch must be a multiple of the ranks");
   }
-  const int64_t batch = m.global_batch / n, T = m.block_size;
-  const models::GPTConfig config = Config(m);
+  const int64_t batch = m.global_batch / n, T = m.config.block_size;
+  const models::GPTConfig& config = m.config;
 
   torch::manual_seed(1337);
-  models::GPT model(config);
+  models::GPTModule module(config, models::GPT2AdamW(3e-3));
+  models::GPT model = module.gpt();
   std::vector<UnitRef> units;
   if (strategy != "single") {
     fsdp::FSDPOptions options;
@@ -164,9 +166,7 @@ int RunTrainRank(Flags& flags) {
       }
     }
   }
-  torch::optim::AdamW optimizer(
-      model->parameters(),
-      torch::optim::AdamWOptions(3e-3).betas({0.9, 0.95}).weight_decay(0.1));
+  auto optimizer = module.configure_optimizers();
 
   // A few fixed batches of random tokens (this rank's rows of each global
   // batch), made before timing starts.
@@ -187,8 +187,8 @@ int RunTrainRank(Flags& flags) {
     }
     const auto& [x, y] = batches[step % batches.size()];
     const auto start = Clock::now();
-    optimizer.zero_grad();
-    at::Tensor loss = models::LanguageModelLoss(fsdp::forward(model, x), y);
+    optimizer->zero_grad();
+    at::Tensor loss = module.training_step({x, y}, step);
     const auto forward_end = Clock::now();
     loss.backward();
     const auto backward_end = Clock::now();
@@ -197,7 +197,7 @@ int RunTrainRank(Flags& flags) {
     } else {
       fsdp::clip_grad_norm_(*model, 1.0);
     }
-    optimizer.step();
+    optimizer->step();
     if (step < warmup) continue;
     step_s.push_back(Seconds(start));
     forward_s.push_back(std::chrono::duration<double>(forward_end - start).count());
@@ -303,30 +303,25 @@ double RunPythonDdp(const ModelFlags& m, int nproc, int steps, int warmup,
   return std::atof(out.c_str() + pos + 14);
 }
 
-int RunParent(Flags& flags, const std::string& self) {
-  const bool quick = flags.num("quick", 0) != 0;
+int RunParent(flags::Flags& flags, const std::string& self) {
+  const bool quick = flags.Int("quick", 0, "1: fewer steps and rounds (about 2 minutes)") != 0;
   const ModelFlags m = ReadModelFlags(flags);
-  const int steps = flags.num("steps", quick ? 8 : 30);
-  const int warmup = flags.num("warmup", quick ? 2 : 5);
-  const int rounds = flags.num("rounds", quick ? 1 : 3);
-  const std::string nprocs_flag = flags.str("nprocs", "2,4");
-  const std::string python_ddp = flags.str("python-ddp", "auto");
-  flags.CheckAllUsed();
-  std::vector<int> nprocs;
-  {
-    std::stringstream s(nprocs_flag);
-    std::string item;
-    while (std::getline(s, item, ',')) nprocs.push_back(std::stoi(item));
-  }
+  const int steps = flags.Int("steps", quick ? 8 : 30, "timed steps per round");
+  const int warmup = flags.Int("warmup", quick ? 2 : 5, "untimed steps first");
+  const int rounds = flags.Int("rounds", quick ? 1 : 3, "rounds over all configurations");
+  const std::vector<int64_t> nprocs = flags.IntList("nprocs", {2, 4}, "rank counts");
+  const std::string python_ddp =
+      flags.String("python-ddp", "auto", "1|0|auto: also run PyTorch's DDP");
+  flags.Finish();
   const int cores = Cores();
-  const models::GPTConfig config = Config(m);
-  const int64_t tokens = m.global_batch * m.block_size;
+  const models::GPTConfig& config = m.config;
+  const int64_t tokens = m.global_batch * config.block_size;
   const double flops = StepFlops(config, tokens);
 
   std::printf("train bench: %s, AdamW + clip 1.0, fp32\n", config.ToString().c_str());
   std::printf("global batch %lld x %lld tokens = %lld tokens/step; %.3f GFLOP/step; "
               "%d cores; %d+%d steps x %d rounds; load %s\n",
-              (long long)m.global_batch, (long long)m.block_size,
+              (long long)m.global_batch, (long long)config.block_size,
               (long long)tokens, flops / 1e9, cores, warmup, steps, rounds,
               LoadAverage().c_str());
   std::fflush(stdout);
@@ -468,9 +463,9 @@ int RunParent(Flags& flags, const std::string& self) {
 int main(int argc, char** argv) {
   using namespace fsdp2;
   try {
-    bench::Flags flags(argc, argv);
+    flags::Flags flags(argc, argv, bench::kUsage);
     if (!launch::IsRankProcess()) return bench::RunParent(flags, argv[0]);
-    const std::string role = flags.str("role", "train");
+    const std::string role = flags.String("role", "train", "train|gemm (rank processes)");
     if (role == "gemm") return bench::RunGemmRank(flags);
     return bench::RunTrainRank(flags);
   } catch (const std::exception& e) {

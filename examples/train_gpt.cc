@@ -18,7 +18,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
-#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,7 +25,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -34,10 +32,12 @@
 
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
+#include "core/flags/flags.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/allocator.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
+#include "core/models/gpt_module.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/trainer.h"
@@ -78,16 +78,9 @@ struct Flags {
 };
 
 const char* kUsage =
-    "usage: train [--nproc N] [--tensor-parallel N] [--strategy full_shard|"
-    "shard_grad_op|no_shard|hybrid_shard]\n"
-    "             [--steps N] [--seed N] [--batch-size N (per data-parallel rank)]\n"
-    "             [--block-size N] [--n-layer N] [--n-embd N] [--n-head N]\n"
-    "             [--data PATH|pystdlib|synthetic] [--vocab-size N (synthetic)]\n"
-    "             [--lr X] [--mixed-precision fp32|bf16] [--grad-accum N]\n"
-    "             [--clip X (0: off)] [--metrics-out FILE] [--threads N]\n"
-    "             [--val-every N] [--out-dir DIR] [--progress-bar 0|1]\n"
-    "             [--ckpt-dir PATH] [--ckpt-every N] [--resume PATH]\n"
-    "             [--checkpoint-format sharded|full] [--ckpt-keep K]\n";
+    "usage: train [--flag value ...]\n"
+    "Trains a GPT with FSDP2 on --nproc local ranks (one rank per process under\n"
+    "torchrun, srun or mpirun).\n";
 
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "train: " << message << "\n";
@@ -96,76 +89,47 @@ const char* kUsage =
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
-  std::map<std::string, std::string> given;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    if (arg.rfind("--", 0) != 0) Fail("unexpected argument '" + arg + "' (see --help)");
-    std::string key = arg.substr(2), value;
-    auto eq = key.find('=');
-    if (eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      Fail("flag --" + key + " needs a value");
-    }
-    given[key] = value;
+  try {
+    flags::Flags parser(argc, argv, kUsage);
+    f.nproc = parser.Int("nproc", f.nproc, "local ranks to start");
+    f.tensor_parallel =
+        parser.Int("tensor-parallel", f.tensor_parallel, "ranks per tensor-parallel group");
+    f.strategy = parser.String("strategy", f.strategy,
+                               "full_shard|shard_grad_op|no_shard|hybrid_shard");
+    f.steps = parser.Int("steps", f.steps, "optimizer steps");
+    f.seed = parser.Int("seed", f.seed, "seed of the model, the data and the sampler");
+    f.batch_size =
+        parser.Int("batch-size", f.batch_size, "sequences per data-parallel rank and step");
+    f.block_size = parser.Int("block-size", f.block_size, "tokens per sequence");
+    f.n_layer = parser.Int("n-layer", f.n_layer, "transformer blocks");
+    f.n_embd = parser.Int("n-embd", f.n_embd, "embedding width");
+    f.n_head = parser.Int("n-head", f.n_head, "attention heads");
+    f.data = parser.String("data", f.data, "PATH (a text file), pystdlib or synthetic");
+    f.vocab_size = parser.Int("vocab-size", f.vocab_size, "vocabulary of --data synthetic");
+    f.lr = parser.Double("lr", f.lr, "AdamW learning rate");
+    f.mixed_precision = parser.String("mixed-precision", f.mixed_precision, "fp32|bf16");
+    f.grad_accum = parser.Int("grad-accum", f.grad_accum, "micro-batches per step");
+    f.clip = parser.Double("clip", f.clip, "gradient clipping norm (0: off)");
+    f.metrics_out = parser.String("metrics-out", f.metrics_out,
+                                  "metrics JSON lines (default: out-dir/metrics.jsonl)");
+    f.threads = parser.Int("threads", f.threads, "threads per rank (0: cores / nproc)");
+    f.log_every = parser.Int("log-every", f.log_every, "steps between log lines");
+    f.val_every = parser.Int("val-every", f.val_every, "steps between validations");
+    f.out_dir = parser.String("out-dir", f.out_dir,
+                              "metrics and loss curve (default: ./fsdp2_out)");
+    f.progress_bar = parser.Int("progress-bar", f.progress_bar,
+                                "1: a progress bar, 0: log lines, -1: a bar on a terminal");
+    f.ckpt_dir = parser.String("ckpt-dir", f.ckpt_dir, "save a checkpoint here at the end");
+    f.ckpt_every = parser.Int("ckpt-every", f.ckpt_every, "steps between checkpoints");
+    f.resume = parser.String("resume", f.resume, "continue from this checkpoint");
+    f.checkpoint_format =
+        parser.String("checkpoint-format", f.checkpoint_format, "sharded|full");
+    f.ckpt_keep = parser.Int("ckpt-keep", f.ckpt_keep,
+                             "K > 0: save to ckpt-dir/step-N, keep the newest K");
+    parser.Finish();
+  } catch (const flags::FlagError& e) {
+    Fail(e.what());
   }
-  auto num = [&](const std::string& key, auto& out) {
-    auto it = given.find(key);
-    if (it == given.end()) return;
-    try {
-      size_t used = 0;
-      if constexpr (std::is_floating_point<std::decay_t<decltype(out)>>::value) {
-        out = std::stod(it->second, &used);
-      } else {
-        out = static_cast<std::decay_t<decltype(out)>>(std::stoll(it->second, &used));
-      }
-      if (used != it->second.size()) throw std::invalid_argument("");
-    } catch (const std::exception&) {
-      Fail("--" + key + " expects a number, got '" + it->second + "'");
-    }
-    given.erase(it);
-  };
-  auto str = [&](const std::string& key, std::string& out) {
-    auto it = given.find(key);
-    if (it == given.end()) return;
-    out = it->second;
-    given.erase(it);
-  };
-  num("nproc", f.nproc);
-  num("tensor-parallel", f.tensor_parallel);
-  str("strategy", f.strategy);
-  num("steps", f.steps);
-  num("seed", f.seed);
-  num("batch-size", f.batch_size);
-  num("block-size", f.block_size);
-  num("n-layer", f.n_layer);
-  num("n-embd", f.n_embd);
-  num("n-head", f.n_head);
-  str("data", f.data);
-  num("vocab-size", f.vocab_size);
-  num("lr", f.lr);
-  str("mixed-precision", f.mixed_precision);
-  num("grad-accum", f.grad_accum);
-  num("clip", f.clip);
-  str("metrics-out", f.metrics_out);
-  num("threads", f.threads);
-  num("log-every", f.log_every);
-  num("val-every", f.val_every);
-  str("out-dir", f.out_dir);
-  num("progress-bar", f.progress_bar);
-  str("ckpt-dir", f.ckpt_dir);
-  num("ckpt-every", f.ckpt_every);
-  str("resume", f.resume);
-  str("checkpoint-format", f.checkpoint_format);
-  num("ckpt-keep", f.ckpt_keep);
-  if (!given.empty()) Fail("unknown flag --" + given.begin()->first + " (see --help)");
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
   if (f.tensor_parallel < 1 || f.nproc % f.tensor_parallel != 0) {
@@ -284,31 +248,6 @@ std::pair<strategy::Batch, strategy::Batch> Windows(const Flags& f, at::Tensor t
   return {split(0, rows - val_rows), split(rows - val_rows, val_rows)};
 }
 
-// The GPT as a TrainingModule: next-token cross-entropy.
-class GPTModule : public strategy::TrainingModule {
- public:
-  GPTModule(const models::GPTConfig& config, double lr) : gpt_(config), lr_(lr) {}
-  std::shared_ptr<torch::nn::Module> module() override { return gpt_.ptr(); }
-  at::Tensor training_step(const strategy::Batch& b, int64_t) override { return Loss(b); }
-  at::Tensor validation_step(const strategy::Batch& b, int64_t) override { return Loss(b); }
-  at::Tensor predict_step(const strategy::Batch& b, int64_t) override {
-    return fsdp::forward(gpt_, b[0]).argmax(-1);
-  }
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
-    return std::make_unique<torch::optim::AdamW>(
-        gpt_->parameters(),
-        torch::optim::AdamWOptions(lr_).betas({0.9, 0.95}).weight_decay(0.1));
-  }
-  const models::GPT& gpt() const { return gpt_; }
-
- private:
-  at::Tensor Loss(const strategy::Batch& b) {
-    return models::LanguageModelLoss(fsdp::forward(gpt_, b[0]), b[1]);
-  }
-  models::GPT gpt_;
-  double lr_;
-};
-
 std::string OutputPath(const Flags& f, const std::string& name) {
   const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");  // set by bazel run
   fs::path dir = f.out_dir.empty() ? fs::path(cwd ? cwd : ".") / "fsdp2_out" : fs::path(f.out_dir);
@@ -347,7 +286,8 @@ int RunRank(const Flags& f) {
   config.n_head = f.n_head;
   config.n_embd = f.n_embd;
   config.Validate();
-  auto module = std::make_shared<GPTModule>(config, f.lr);  // seeded alike
+  // Seeded alike on every rank.
+  auto module = std::make_shared<models::GPTModule>(config, models::GPT2AdamW(f.lr));
   strategy.connect(module);
   strategy.parallelize();
   if (!f.resume.empty()) {

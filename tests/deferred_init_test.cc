@@ -8,22 +8,19 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/Allocator.h>
 #include <gtest/gtest.h>
-#include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/adamw.h>
 
 #include <atomic>
 #include <fstream>
 #include <sstream>
 
-#include "core/comm/device_mesh.h"
 #include "core/fsdp/deferred_init.h"
 #include "core/fsdp/fully_shard.h"
-#include "core/models/gpt.h"
 #include "core/models/mlp.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "tests/harness/multi_process.h"
+#include "tests/strategy_util.h"
 
 namespace fsdp2 {
 namespace testing {
@@ -88,16 +85,6 @@ void InstallCap(int64_t cap) {
 
 // ------------------------------------------------------------------ models
 
-models::GPTConfig TinyGPT() {
-  models::GPTConfig c;
-  c.vocab_size = 32;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  return c;
-}
-
 models::MLPConfig SmallMLP() {
   models::MLPConfig c;
   c.in_features = 8;
@@ -117,58 +104,20 @@ models::MLPConfig BigMLP() {
   return c;
 }
 
-// The GPT in float64, converted in its constructor (Module::to: set_data).
-class GPTModule : public strategy::TrainingModule {
- public:
-  GPTModule() : gpt_(TinyGPT()) { gpt_->to(at::kDouble); }
-  std::shared_ptr<torch::nn::Module> module() override { return gpt_.ptr(); }
-  at::Tensor training_step(const Batch& b, int64_t) override {
-    return models::LanguageModelLoss(fsdp::forward(gpt_, b[0]), b[1]);
-  }
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
-    return std::make_unique<torch::optim::AdamW>(
-        gpt_->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
-  }
-  models::GPT gpt_;
-};
-
-class MLPModule : public strategy::TrainingModule {
- public:
-  explicit MLPModule(const models::MLPConfig& c) : mlp_(c) {}
-  std::shared_ptr<torch::nn::Module> module() override { return mlp_.ptr(); }
-  at::Tensor training_step(const Batch& b, int64_t) override {
-    return torch::nn::functional::mse_loss(fsdp::forward(mlp_, b[0]), b[1]);
-  }
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
-    return std::make_unique<torch::optim::AdamW>(
-        mlp_->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
-  }
-  models::MLP mlp_;
-};
-
 Batch Dataset(const std::string& model) {
+  if (model == "gpt") return TokenWindows(TinyGPT().vocab_size, kRows);
   auto gen = at::detail::createCPUGenerator(99);
-  if (model == "gpt") {
-    at::Tensor tokens = at::randint(TinyGPT().vocab_size, {kRows, 9}, gen,
-                                    at::TensorOptions().dtype(at::kLong));
-    return {tokens.narrow(1, 0, 8).contiguous(), tokens.narrow(1, 1, 8).contiguous()};
-  }
   return {at::randn({kRows, SmallMLP().in_features}, gen),
           at::randn({kRows, SmallMLP().out_features}, gen)};
 }
 
+// The GPT is float64, converted in its constructor (Module::to: set_data).
 std::shared_ptr<strategy::TrainingModule> Build(const std::string& model) {
-  if (model == "gpt") return std::make_shared<GPTModule>();
-  return std::make_shared<MLPModule>(SmallMLP());
+  if (model == "gpt") return TestGPTModule();
+  return TestMLPModule(SmallMLP());
 }
 
-strategy::FSDP2StrategyOptions Options() {
-  strategy::FSDP2StrategyOptions o;
-  o.mp_policy = fsdp::MixedPrecisionPolicy{};  // the parameters' own dtype
-  o.seed = kSeed;
-  o.timeout = std::chrono::seconds(60);
-  return o;
-}
+strategy::FSDP2StrategyOptions Options() { return TestStrategyOptions(kSeed); }
 
 // Rank 0 writes every full parameter, and every buffer, as name and bytes.
 void WriteState(strategy::FSDP2Strategy& s, const std::string& path) {
@@ -234,18 +183,8 @@ FSDP2_SCENARIO(build_and_train) {
   s.teardown();
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 LaunchResult Launch(const std::string& scenario, int n, std::vector<std::string> args) {
-  LaunchOptions o;
-  o.world_size = n;
-  o.scenario = scenario;
-  o.args = std::move(args);
-  o.timeout = std::chrono::seconds(120);
-  return LaunchRanks(o);
+  return LaunchScenario(scenario, n, std::move(args), std::chrono::seconds(120));
 }
 
 void ExpectDeferredEqualsEager(const std::string& model) {
@@ -292,13 +231,13 @@ FSDP2_SCENARIO(capped_build) {
   const std::string out = WorkerOutDir() + "/";
   const int rank = s.world()->rank();
   InstallCap(cap);
-  std::shared_ptr<MLPModule> module;
+  std::shared_ptr<models::MLPModule> module;
   try {
     if (mode == "deferred") {
       auto init = s.tensor_init_context();
-      module = std::make_shared<MLPModule>(BigMLP());
+      module = TestMLPModule(BigMLP());
     } else {
-      module = std::make_shared<MLPModule>(BigMLP());
+      module = TestMLPModule(BigMLP());
     }
   } catch (const std::exception& e) {
     std::ofstream(out + "build_error" + std::to_string(rank) + ".txt") << e.what();
@@ -355,26 +294,10 @@ struct Net : torch::nn::Module {
   torch::nn::Linear fc{nullptr};
 };
 
-template <typename E, typename F>
-void ExpectThrows(F&& f, const std::string& needle, const std::string& what) {
-  try {
-    f();
-  } catch (const E& e) {
-    if (std::string(e.what()).find(needle) == std::string::npos) {
-      throw std::runtime_error(what + ": message lacks '" + needle + "': " + e.what());
-    }
-    return;
-  } catch (const std::exception& e) {
-    throw std::runtime_error(what + ": wrong exception type: " + e.what());
-  }
-  throw std::runtime_error(what + ": did not throw");
-}
-
 // Ends the scenario with "ok" in a file when every check held.
 FSDP2_SCENARIO(errors) {
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
-  fsdp::FSDPOptions options;
-  options.mesh = comm::DeviceMesh::Create(world, {world->size()}, {"dp"});
+  const fsdp::FSDPOptions options = DataParallelOptions(world);
   at::manual_seed(1);
 
   // A sharded module still on meta refuses to run.
@@ -382,15 +305,14 @@ FSDP2_SCENARIO(errors) {
     fsdp::DeferredInitGuard init;
     return std::make_shared<Net>();
   }();
-  ExpectThrows<std::logic_error>(
-      [&] {
-        fsdp::DeferredInitGuard init;
-        fsdp::fully_shard(net, options);
-      },
-      "inside tensor_init_context", "fully_shard inside the context");
+  ExpectThrows<std::logic_error>("fully_shard inside the context", "inside tensor_init_context",
+                                 [&] {
+                                   fsdp::DeferredInitGuard init;
+                                   fsdp::fully_shard(net, options);
+                                 });
   fsdp::fully_shard(net, options);
-  ExpectThrows<std::logic_error>([&] { fsdp::forward(net, at::ones({2, 4})); },
-                                 "still on the meta device", "forward before materialising");
+  ExpectThrows<std::logic_error>("forward before materialising", "still on the meta device",
+                                 [&] { fsdp::forward(net, at::ones({2, 4})); });
   fsdp::materialize_module(*net);
   if (fsdp::forward(net, at::ones({2, 4})).size(1) != 6) throw std::runtime_error("forward");
 
@@ -430,8 +352,8 @@ FSDP2_SCENARIO(errors) {
     m->fc->weight.normal_(0, 1, gen);
     return m;
   }();
-  ExpectThrows<std::runtime_error>([&] { fsdp::materialize_module(*drawn); },
-                                   "explicit generator", "explicit generator");
+  ExpectThrows<std::runtime_error>("explicit generator", "explicit generator",
+                                   [&] { fsdp::materialize_module(*drawn); });
 
   // A change after the context ended is refused, not lost.
   auto changed = [] {
@@ -442,14 +364,14 @@ FSDP2_SCENARIO(errors) {
     at::NoGradGuard no_grad;
     changed->fc->bias.fill_(3);
   }
-  ExpectThrows<std::runtime_error>([&] { fsdp::materialize_module(*changed); },
-                                   "changed outside", "in-place change after the context");
+  ExpectThrows<std::runtime_error>("in-place change after the context", "changed outside",
+                                   [&] { fsdp::materialize_module(*changed); });
 
   // A meta parameter that no context recorded.
   auto stray = std::make_shared<Net>();
   stray->register_parameter("extra", at::empty({3}, at::kMeta));
-  ExpectThrows<std::runtime_error>([&] { fsdp::materialize_module(*stray); },
-                                   "was not created under", "meta parameter not recorded");
+  ExpectThrows<std::runtime_error>("meta parameter not recorded", "was not created under",
+                                   [&] { fsdp::materialize_module(*stray); });
 
   std::ofstream(WorkerOutDir() + "/ok" + std::to_string(world->rank()) + ".txt") << "ok";
 }
@@ -496,8 +418,7 @@ struct Edge : torch::nn::Module {
 
 FSDP2_SCENARIO(edge_cases) {
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
-  fsdp::FSDPOptions options;
-  options.mesh = comm::DeviceMesh::Create(world, {world->size()}, {"dp"});
+  const fsdp::FSDPOptions options = DataParallelOptions(world);
   at::manual_seed(3);
   auto eager = std::make_shared<Edge>();
   fsdp::fully_shard(eager->body, options);
@@ -549,13 +470,13 @@ TEST(TensorInitContext, BuffersTiesAndParametersOutsideUnits) {
 // parallelize() inside it.
 FSDP2_SCENARIO(strategy_errors) {
   strategy::FSDP2Strategy s(Options());
-  ExpectThrows<std::logic_error>([&] { (void)s.tensor_init_context(); }, "setup_environment",
-                                 "context before setup");
+  ExpectThrows<std::logic_error>("context before setup", "setup_environment",
+                                 [&] { (void)s.tensor_init_context(); });
   s.setup_environment();
   auto init = s.tensor_init_context();
-  s.connect(std::make_shared<MLPModule>(SmallMLP()));
-  ExpectThrows<std::logic_error>([&] { s.parallelize(); }, "inside tensor_init_context",
-                                 "parallelize inside the context");
+  s.connect(TestMLPModule(SmallMLP()));
+  ExpectThrows<std::logic_error>("parallelize inside the context", "inside tensor_init_context",
+                                 [&] { s.parallelize(); });
   std::ofstream(WorkerOutDir() + "/ok.txt") << "ok";
 }
 
@@ -571,14 +492,14 @@ FSDP2_SCENARIO(tensor_parallel_refused) {
   options.tensor_parallel_size = strategy::ParallelSize::Of(2);
   strategy::FSDP2Strategy s(options);
   s.setup_environment();
-  std::shared_ptr<GPTModule> module;
+  std::shared_ptr<models::GPTModule> module;
   {
     auto init = s.tensor_init_context();
-    module = std::make_shared<GPTModule>();
+    module = TestGPTModule();
   }
   s.connect(module);
-  ExpectThrows<std::invalid_argument>([&] { s.parallelize(); }, "cannot be tensor-parallel yet",
-                                      "deferred init with tp 2");
+  ExpectThrows<std::invalid_argument>("deferred init with tp 2", "cannot be tensor-parallel yet",
+                                      [&] { s.parallelize(); });
   std::ofstream(WorkerOutDir() + "/ok" + std::to_string(s.world()->rank()) + ".txt") << "ok";
 }
 

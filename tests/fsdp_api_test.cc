@@ -10,6 +10,7 @@
 #include "core/models/gpt.h"
 #include "core/models/mlp.h"
 #include "tests/harness/multi_process.h"
+#include "tests/training_util.h"
 
 namespace fsdp2 {
 namespace testing {
@@ -117,10 +118,6 @@ TEST(FullyShard, ParseShardingStrategy) {
   EXPECT_THROW(fsdp::ParseShardingStrategy("zero3"), std::invalid_argument);
 }
 
-void Check(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error("check failed: " + what);
-}
-
 // On N ranks: names stay, values are dim-0 shards (empty where a parameter
 // has fewer rows than ranks), the full state dict round-trips, and turning
 // gradient sync off keeps gradients local until it is turned on again.
@@ -135,8 +132,7 @@ FSDP2_SCENARIO(shard_layout) {
   std::vector<std::pair<std::string, at::Tensor>> reference;
   for (const auto& p : full_before) reference.emplace_back(p.key(), p.value().detach().clone());
 
-  fsdp::FSDPOptions o;
-  o.mesh = comm::DeviceMesh::Create(world, {n}, {"dp"});
+  const fsdp::FSDPOptions o = DataParallelOptions(world);
   for (size_t i = 0; i < mlp->blocks->size(); ++i) fsdp::fully_shard(mlp->block(i), o);
   fsdp::fully_shard(mlp, o);
 
@@ -167,22 +163,12 @@ FSDP2_SCENARIO(shard_layout) {
   }
   auto bad = state;
   bad[0].second = at::zeros({1});
-  bool threw = false;
-  try {
-    fsdp::load_full_state_dict(*mlp, bad);
-  } catch (const std::invalid_argument& e) {
-    threw = std::string(e.what()).find("shape") != std::string::npos;
-  }
-  Check(threw, "shape mismatch rejected");
+  ExpectThrows<std::invalid_argument>("shape mismatch rejected", "shape",
+                                      [&] { fsdp::load_full_state_dict(*mlp, bad); });
   bad = state;
   bad.pop_back();
-  threw = false;
-  try {
-    fsdp::load_full_state_dict(*mlp, bad);
-  } catch (const std::invalid_argument& e) {
-    threw = std::string(e.what()).find("missing key") != std::string::npos;
-  }
-  Check(threw, "missing key rejected");
+  ExpectThrows<std::invalid_argument>("missing key rejected", "missing key",
+                                      [&] { fsdp::load_full_state_dict(*mlp, bad); });
 
   // No sync: local unsharded accumulation, no shard gradients.
   fsdp::set_requires_gradient_sync(*mlp, false);
@@ -200,11 +186,7 @@ FSDP2_SCENARIO(shard_layout) {
 
 TEST(FullyShard, ShardLayoutAndStateDictOnManyRanks) {
   for (int n : {1, 2, 3, 4}) {
-    LaunchOptions o;
-    o.world_size = n;
-    o.scenario = "shard_layout";
-    o.timeout = std::chrono::seconds(120);
-    auto r = LaunchRanks(o);
+    auto r = LaunchScenario("shard_layout", n, {}, std::chrono::seconds(120));
     EXPECT_TRUE(r.ok()) << "world " << n << "\n" << r.Describe();
   }
 }

@@ -26,12 +26,7 @@ FSDP2_SCENARIO(train) {
 
 // Runs `spec` on `world` ranks; returns every rank's output.
 std::vector<TrainOutput> RunSharded(const TrainSpec& spec, int world) {
-  LaunchOptions o;
-  o.world_size = world;
-  o.scenario = "train";
-  o.args = spec.ToArgs();
-  o.timeout = std::chrono::seconds(240);
-  LaunchResult r = LaunchRanks(o);
+  LaunchResult r = LaunchScenario("train", world, spec.ToArgs(), std::chrono::seconds(240));
   if (!r.ok()) {
     ADD_FAILURE() << spec.Name() << " on " << world << " ranks failed:\n"
                   << r.Describe();

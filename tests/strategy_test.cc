@@ -3,7 +3,6 @@
 // load_model_state_dict + the deferred load_optimizer_state_dict continues
 // with the same losses, and the strategy's contract and errors.
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -21,10 +20,10 @@
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/sharded_checkpoint.h"
 #include "core/launch/local_launcher.h"
-#include "core/models/gpt.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/trainer.h"
 #include "tests/harness/multi_process.h"
+#include "tests/strategy_util.h"
 
 namespace fsdp2 {
 namespace testing {
@@ -37,22 +36,7 @@ constexpr uint64_t kSamplerSeed = 5;
 constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
 constexpr int64_t kRows = 96;
 
-models::GPTConfig TinyGPT() {
-  models::GPTConfig c;
-  c.vocab_size = 32;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  return c;
-}
-
-Batch Dataset(int64_t rows) {
-  auto gen = at::detail::createCPUGenerator(99);
-  at::Tensor tokens = at::randint(TinyGPT().vocab_size, {rows, 9}, gen,
-                                  at::TensorOptions().dtype(at::kLong));
-  return {tokens.narrow(1, 0, 8).contiguous(), tokens.narrow(1, 1, 8).contiguous()};
-}
+Batch Dataset(int64_t rows) { return TokenWindows(TinyGPT().vocab_size, rows); }
 
 // Counts how often the strategy applies it; the loss is the module's.
 struct CountingReduction : strategy::LossReduction {
@@ -63,45 +47,26 @@ struct CountingReduction : strategy::LossReduction {
   }
 };
 
-class GPTModule : public strategy::TrainingModule {
+// The tests' GPT module, counting the training steps its loss reduction
+// sees.
+class CountingGPTModule : public models::GPTModule {
  public:
-  GPTModule() : gpt_(TinyGPT()) { gpt_->to(at::kDouble); }
-  std::shared_ptr<torch::nn::Module> module() override { return gpt_.ptr(); }
-  at::Tensor training_step(const Batch& b, int64_t) override { return Loss(b); }
-  at::Tensor validation_step(const Batch& b, int64_t) override { return Loss(b); }
-  at::Tensor predict_step(const Batch& b, int64_t) override {
-    return fsdp::forward(gpt_, b[0]).argmax(-1);
-  }
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
-    return std::make_unique<torch::optim::AdamW>(
-        gpt_->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
-  }
+  CountingGPTModule() : models::GPTModule(TinyGPT(), TestOptimizer("adamw"), at::kDouble) {}
   std::shared_ptr<strategy::LossReduction> loss_reduction(
       strategy::StepType step) override {
     return step == strategy::StepType::kTraining ? reduction : nullptr;
   }
-  at::Tensor Loss(const Batch& b) {
-    return models::LanguageModelLoss(fsdp::forward(gpt_, b[0]), b[1]);
-  }
-  models::GPT gpt_;
   std::shared_ptr<CountingReduction> reduction = std::make_shared<CountingReduction>();
 };
 
-strategy::FSDP2StrategyOptions Options() {
-  strategy::FSDP2StrategyOptions o;
-  o.mp_policy = fsdp::MixedPrecisionPolicy{};  // float64 throughout
-  o.seed = kSeed;
-  o.data_sampler.seed = kSamplerSeed;
-  o.timeout = std::chrono::seconds(60);
-  return o;
-}
+strategy::FSDP2StrategyOptions Options() { return TestStrategyOptions(kSeed, kSamplerSeed); }
 
 // One process, no FSDP: the model (seeded as the strategy seeds), its
 // optimizer, the data and the global batches every reference below uses.
 struct Reference {
   Reference() {
     torch::manual_seed(kSeed);
-    module = std::make_shared<GPTModule>();
+    module = TestGPTModule();
     optimizer = module->configure_optimizers();
   }
   static strategy::DistributedSamplerOptions SamplerOptions() {
@@ -110,11 +75,8 @@ struct Reference {
     o.global_batch_size = kGlobalBatch;
     return o;
   }
-  Batch rows(const std::vector<int64_t>& idx) const {
-    at::Tensor t = at::tensor(idx, at::kLong);
-    return {data[0].index_select(0, t), data[1].index_select(0, t)};
-  }
-  std::shared_ptr<GPTModule> module;
+  Batch rows(const std::vector<int64_t>& idx) const { return SelectRows(data, idx); }
+  std::shared_ptr<models::GPTModule> module;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   Batch data = Dataset(kRows);
   strategy::DistributedSampler sampler{kRows, 0, 1, SamplerOptions()};
@@ -122,31 +84,17 @@ struct Reference {
 
 // The reference losses of `steps` plain steps on the same global batches.
 std::vector<double> ReferenceLosses(int steps) {
-  Reference ref;
-  std::vector<double> losses;
-  for (int i = 0; i < steps; ++i) {
-    at::Tensor loss = ref.module->Loss(ref.rows(ref.sampler.global_batch(i)));
-    loss.backward();
-    ref.optimizer->step();
-    ref.optimizer->zero_grad();
-    losses.push_back(loss.item<double>());
-  }
-  return losses;
+  torch::manual_seed(kSeed);
+  auto module = TestGPTModule();
+  const strategy::DistributedSampler sampler{kRows, 0, 1, Reference::SamplerOptions()};
+  return TrainOneProcess(*module, Dataset(kRows), sampler, steps).losses;
 }
 
-std::vector<double> ReadNumbers(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<double> v;
-  double x;
-  while (in >> x) v.push_back(x);
-  return v;
-}
-
-// Joins the job, connects a fresh GPTModule (seeded alike on every rank)
-// and parallelizes it.
-std::shared_ptr<GPTModule> Prepare(strategy::FSDP2Strategy& s) {
+// Joins the job, connects a fresh CountingGPTModule (seeded alike on every
+// rank) and parallelizes it.
+std::shared_ptr<CountingGPTModule> Prepare(strategy::FSDP2Strategy& s) {
   s.setup_environment();
-  auto module = std::make_shared<GPTModule>();
+  auto module = std::make_shared<CountingGPTModule>();
   s.connect(module);
   s.parallelize();
   return module;
@@ -218,12 +166,7 @@ FSDP2_SCENARIO(strategy_train) {
 }
 
 LaunchResult Launch(int n, std::vector<std::string> args) {
-  LaunchOptions o;
-  o.world_size = n;
-  o.scenario = "strategy_train";
-  o.args = std::move(args);
-  o.timeout = std::chrono::seconds(180);
-  return LaunchRanks(o);
+  return LaunchScenario("strategy_train", n, std::move(args));
 }
 
 TEST(FSDP2Strategy, TrainsLikeOneProcessAndValidatesOverAllRanks) {
@@ -316,25 +259,21 @@ TEST(Trainer, FitEqualsOneProcessWithAccumulationClippingAndValidation) {
     auto idx = single.sampler.global_batch(2 * step);
     auto more = single.sampler.global_batch(2 * step + 1);
     idx.insert(idx.end(), more.begin(), more.end());
-    at::Tensor loss = single.module->Loss(single.rows(idx));
+    at::Tensor loss = single.module->loss(single.rows(idx));
     loss.backward();
     const double norm =
-        torch::nn::utils::clip_grad_norm_(single.module->gpt_->parameters(), 0.5);
+        torch::nn::utils::clip_grad_norm_(single.module->module()->parameters(), 0.5);
     single.optimizer->step();
     single.optimizer->zero_grad();
     double val = -1;
     if ((step + 1) % 2 == 0) {
       at::NoGradGuard no_grad;
-      val = single.module->Loss(single.rows(single.sampler.global_batch(0))).item<double>();
+      val = single.module->loss(single.rows(single.sampler.global_batch(0))).item<double>();
     }
     ref.push_back({loss.item<double>(), norm, val});
   }
   for (int n : {1, 2, 3, 4}) {
-    LaunchOptions o;
-    o.world_size = n;
-    o.scenario = "trainer_fit";
-    o.timeout = std::chrono::seconds(180);
-    auto r = LaunchRanks(o);
+    auto r = LaunchScenario("trainer_fit", n);
     ASSERT_TRUE(r.ok()) << r.Describe();
     auto got = ReadNumbers(r.out_dir + "/fit0.txt");
     ASSERT_EQ(got.size(), 12u);
@@ -598,23 +537,13 @@ TEST(FSDP2Strategy, KilledDuringSaveLeavesALoadableCheckpoint) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/killed";
   std::vector<at::Tensor> first_load;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    LaunchOptions o;
-    o.world_size = 2;
-    o.scenario = "save_forever";
-    o.args = {dir};
     // Every rank is SIGKILLed when the time is up, in the middle of a save
     // (they save back to back).
-    o.timeout = std::chrono::seconds(6 + attempt);
-    auto r = LaunchRanks(o);
+    auto r = LaunchScenario("save_forever", 2, {dir}, std::chrono::seconds(6 + attempt));
     ASSERT_TRUE(r.ranks[0].timed_out) << "the ranks should still be saving\n" << r.Describe();
     ASSERT_TRUE(std::ifstream(r.out_dir + "/saved_once").good())
         << "not one save completed before the kill\n" << r.Describe();
-    LaunchOptions l;
-    l.world_size = 2;
-    l.scenario = "load_and_dump";
-    l.args = {dir};
-    l.timeout = std::chrono::seconds(120);
-    auto loaded = LaunchRanks(l);
+    auto loaded = LaunchScenario("load_and_dump", 2, {dir}, std::chrono::seconds(120));
     ASSERT_TRUE(loaded.ok()) << "after a kill mid-save:\n" << loaded.Describe();
     std::vector<at::Tensor> values;
     torch::load(values, loaded.out_dir + "/params.pt");
@@ -655,25 +584,9 @@ TEST(FSDP2Strategy, CorruptionIsFoundOnAnotherWorldSizeToo) {
 }
 
 TEST(FSDP2Strategy, BrokenCheckpointsAreClearErrors) {
-  LaunchOptions o;
-  o.world_size = 1;
-  o.scenario = "checkpoint_errors";
-  o.timeout = std::chrono::seconds(120);
-  auto r = LaunchRanks(o);
+  auto r = LaunchScenario("checkpoint_errors", 1, {}, std::chrono::seconds(120));
   EXPECT_TRUE(r.ok()) << r.Describe();
 }
-
-class TinyModule : public strategy::TrainingModule {
- public:
-  std::shared_ptr<torch::nn::Module> module() override { return linear.ptr(); }
-  at::Tensor training_step(const Batch& b, int64_t) override {
-    return fsdp::forward(linear, b[0]).sum();
-  }
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
-    return std::make_unique<torch::optim::AdamW>(linear->parameters());
-  }
-  torch::nn::Linear linear{4, 4};
-};
 
 TEST(FSDP2Strategy, BadOptionsSayWhatToChange) {
   auto expect_invalid = [](strategy::FSDP2StrategyOptions o, const std::string& text,

@@ -23,7 +23,6 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/serialize.h>
 
@@ -31,13 +30,12 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
-#include "core/models/gpt.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/tp/parallelize.h"
 #include "tests/harness/multi_process.h"
+#include "tests/strategy_util.h"
 
 namespace fsdp2 {
 namespace testing {
@@ -46,29 +44,18 @@ namespace {
 using strategy::Batch;
 using tp::ParallelStyle;
 
-void Expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error("FAILED: " + what);
-}
-
 void ExpectClose(const std::string& what, const at::Tensor& got,
                  const at::Tensor& want, double tol = 1e-12) {
-  Expect(got.sizes() == want.sizes(),
-         what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
+  Check(got.sizes() == want.sizes(),
+        what + ": shape " + c10::str(got.sizes()) + " vs " + c10::str(want.sizes()));
   const double diff = (got - want).abs().max().item<double>();
-  Expect(diff <= tol, what + ": max |diff| " + std::to_string(diff));
+  Check(diff <= tol, what + ": max |diff| " + std::to_string(diff));
 }
 
 // Runs `fn` and checks it throws std::invalid_argument mentioning `text`.
 template <typename Fn>
 void ExpectInvalid(const std::string& what, const std::string& text, Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    Expect(std::string(e.what()).find(text) != std::string::npos,
-           what + ": message '" + e.what() + "' lacks '" + text + "'");
-    return;
-  }
-  throw std::runtime_error("FAILED: " + what + ": no std::invalid_argument");
+  ExpectThrows<std::invalid_argument>(what, text, fn);
 }
 
 // A holder for two layers named "a" and "b" (b optional).
@@ -113,7 +100,7 @@ void CheckCase(const Case& c, const std::shared_ptr<comm::ProcessGroup>& group) 
   if (floating) ExpectClose(c.name + " input grad", x2.grad(), x1.grad());
   std::map<std::string, tp::ShardedParameter> split;
   for (auto& p : tp::sharded_parameters(*par)) split.emplace(p.name, p);
-  Expect(!split.empty(), c.name + ": nothing was split");
+  Check(!split.empty(), c.name + ": nothing was split");
   auto want = plain->named_parameters();
   for (const auto& item : par->named_parameters()) {
     const at::Tensor& full = want[item.key()];
@@ -214,9 +201,9 @@ FSDP2_SCENARIO(tp_layers) {
     tp::parallelize_module(untouched, group,
                            {{"a", ParallelStyle::Colwise()}, {"nope.*", ParallelStyle::Rowwise()}});
   });
-  Expect(!tp::is_tensor_parallel(*untouched->named_children()["a"]) &&
-             untouched->named_parameters()["a.weight"].size(0) == 36,
-         "a refused plan changed the model");
+  Check(!tp::is_tensor_parallel(*untouched->named_children()["a"]) &&
+            untouched->named_parameters()["a.weight"].size(0) == 36,
+        "a refused plan changed the model");
   ExpectInvalid("not a Linear", "Linear and Embedding only", [&] {
     tp::parallelize_module(
         net(torch::nn::LayerNorm(torch::nn::LayerNormOptions({12})).ptr()), group,
@@ -233,9 +220,7 @@ FSDP2_SCENARIO(tp_layers) {
     tp::parallelize_module(twice, group, {{"a", ParallelStyle::Colwise()}});
   });
   auto sharded_first = net(linear(12, 36));
-  fsdp::FSDPOptions o;
-  o.mesh = comm::DeviceMesh::Create(world, {static_cast<int>(tp)}, {"dp"});
-  fsdp::fully_shard(sharded_first, o);
+  fsdp::fully_shard(sharded_first, DataParallelOptions(world));  // tp: the whole world
   ExpectInvalid("after fully_shard", "apply tensor parallelism first", [&] {
     tp::parallelize_module(sharded_first, group, {{"a", ParallelStyle::Colwise()}});
   });
@@ -244,11 +229,7 @@ FSDP2_SCENARIO(tp_layers) {
 
 TEST(TensorParallelLayers, EqualPlainModulesOn2To4Ranks) {
   for (int n : {2, 3, 4}) {
-    LaunchOptions o;
-    o.world_size = n;
-    o.scenario = "tp_layers";
-    o.timeout = std::chrono::seconds(120);
-    auto r = LaunchRanks(o);
+    auto r = LaunchScenario("tp_layers", n, {}, std::chrono::seconds(120));
     ASSERT_TRUE(r.ok()) << "tp=" << n << "\n" << r.Describe();
   }
 }
@@ -263,46 +244,23 @@ constexpr int64_t kGlobalBatch = 12;
 constexpr int64_t kRows = 96;
 constexpr double kClip = 0.5;
 
-models::GPTConfig TinyGPT(int64_t n_head = 12) {
-  models::GPTConfig c;
-  c.vocab_size = 32;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = n_head;  // 12 heads of 2: tp = 2, 3, 4 split whole heads
+// TinyGPT with 12 heads of 2 (n_embd 24): tp = 2, 3, 4 split whole heads.
+models::GPTConfig HeadsGPT(int64_t n_head = 12) {
+  models::GPTConfig c = TinyGPT();
+  c.n_head = n_head;
   c.n_embd = 24;
   return c;
 }
 
-Batch Dataset() {
-  auto gen = at::detail::createCPUGenerator(99);
-  at::Tensor tokens = at::randint(TinyGPT().vocab_size, {kRows, 9}, gen,
-                                  at::TensorOptions().dtype(at::kLong));
-  return {tokens.narrow(1, 0, 8).contiguous(), tokens.narrow(1, 1, 8).contiguous()};
-}
-
-class GPTModule : public strategy::TrainingModule {
- public:
-  explicit GPTModule(models::GPTConfig config = TinyGPT()) : gpt_(config) {
-    gpt_->to(at::kDouble);
-  }
-  std::shared_ptr<torch::nn::Module> module() override { return gpt_.ptr(); }
-  at::Tensor training_step(const Batch& b, int64_t) override {
-    return models::LanguageModelLoss(fsdp::forward(gpt_, b[0]), b[1]);
-  }
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
-    return std::make_unique<torch::optim::AdamW>(
-        gpt_->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
-  }
-  models::GPT gpt_;
-};
+Batch Dataset() { return TokenWindows(HeadsGPT().vocab_size, kRows); }
 
 // The full state dict every run starts from (not the strategy's seed, so
 // loading it into the parallel model is what makes the runs agree).
 std::vector<std::pair<std::string, at::Tensor>> InitialState() {
   torch::manual_seed(kInitSeed);
-  GPTModule m;
+  auto m = TestGPTModule(HeadsGPT());
   std::vector<std::pair<std::string, at::Tensor>> state;
-  for (const auto& item : m.gpt_->named_parameters()) {
+  for (const auto& item : m->module()->named_parameters()) {
     state.emplace_back(item.key(), item.value().detach().clone());
   }
   return state;
@@ -315,14 +273,7 @@ strategy::DistributedSamplerOptions SamplerOptions() {
   return o;
 }
 
-strategy::FSDP2StrategyOptions Options() {
-  strategy::FSDP2StrategyOptions o;
-  o.mp_policy = fsdp::MixedPrecisionPolicy{};  // float64 throughout
-  o.seed = kSeed;
-  o.data_sampler.seed = kSamplerSeed;
-  o.timeout = std::chrono::seconds(60);
-  return o;
-}
+strategy::FSDP2StrategyOptions Options() { return TestStrategyOptions(kSeed, kSamplerSeed); }
 
 // args: dp tp ("auto" or a number), expected dp, expected tp, steps,
 // sharding strategy.
@@ -334,13 +285,13 @@ FSDP2_SCENARIO(tp_train) {
   const int steps = std::stoi(args.at(4));
   strategy::FSDP2Strategy s(o);
   s.setup_environment();
-  Expect(s.data_parallel_size() == std::stoi(args.at(2)) &&
-             s.tensor_parallel_size() == std::stoi(args.at(3)),
-         "resolved (dp, tp) = (" + std::to_string(s.data_parallel_size()) + ", " +
-             std::to_string(s.tensor_parallel_size()) + ")");
-  Expect(s.mesh()->ToString() == "DeviceMesh(dp=" + args.at(2) + ", tp=" + args.at(3) + ")",
-         "mesh " + s.mesh()->ToString());
-  auto module = std::make_shared<GPTModule>();
+  Check(s.data_parallel_size() == std::stoi(args.at(2)) &&
+            s.tensor_parallel_size() == std::stoi(args.at(3)),
+        "resolved (dp, tp) = (" + std::to_string(s.data_parallel_size()) + ", " +
+            std::to_string(s.tensor_parallel_size()) + ")");
+  Check(s.mesh()->ToString() == "DeviceMesh(dp=" + args.at(2) + ", tp=" + args.at(3) + ")",
+        "mesh " + s.mesh()->ToString());
+  auto module = TestGPTModule(HeadsGPT());
   s.connect(module);
   s.parallelize();
   const int rank = s.world()->rank();
@@ -348,10 +299,10 @@ FSDP2_SCENARIO(tp_train) {
   s.load_model_state_dict(initial);
   // Round trip: the full state dict is the one loaded, exactly.
   auto loaded = s.lightning_module_state_dict();
-  Expect(loaded.size() == initial.size(), "state dict size");
+  Check(loaded.size() == initial.size(), "state dict size");
   for (size_t i = 0; i < initial.size(); ++i) {
-    Expect(loaded[i].first == initial[i].first && loaded[i].second.equal(initial[i].second),
-           "state dict round trip: " + initial[i].first);
+    Check(loaded[i].first == initial[i].first && loaded[i].second.equal(initial[i].second),
+          "state dict round trip: " + initial[i].first);
   }
   auto wrong = initial;
   for (auto& [name, value] : wrong) {
@@ -386,40 +337,30 @@ FSDP2_SCENARIO(tp_train) {
   s.barrier();
 }
 
-struct ReferenceRun {
-  std::vector<double> losses, norms;
+// One process from InitialState(): losses, clipped norms, final parameters.
+struct Expected {
+  ReferenceRun run;
   std::vector<std::pair<std::string, at::Tensor>> params;
 };
 
-ReferenceRun Reference(int steps) {
-  GPTModule m;
+Expected Reference(int steps) {
+  auto m = TestGPTModule(HeadsGPT());
   {
     at::NoGradGuard no_grad;
-    auto params = m.gpt_->named_parameters();
+    auto params = m->module()->named_parameters();
     for (const auto& [name, value] : InitialState()) params[name].copy_(value);
   }
-  auto opt = m.configure_optimizers();
-  const Batch data = Dataset();
-  strategy::DistributedSampler sampler(kRows, 0, 1, SamplerOptions());
-  ReferenceRun run;
-  for (int i = 0; i < steps; ++i) {
-    at::Tensor idx = at::tensor(sampler.global_batch(i), at::kLong);
-    at::Tensor loss = m.training_step({data[0].index_select(0, idx), data[1].index_select(0, idx)}, i);
-    loss.backward();
-    run.norms.push_back(torch::nn::utils::clip_grad_norm_(m.gpt_->parameters(), kClip));
-    opt->step();
-    opt->zero_grad();
-    run.losses.push_back(loss.item<double>());
+  const strategy::DistributedSampler sampler(kRows, 0, 1, SamplerOptions());
+  Expected expected{TrainOneProcess(*m, Dataset(), sampler, steps, kClip), {}};
+  for (const auto& item : m->module()->named_parameters()) {
+    expected.params.emplace_back(item.key(), item.value().detach());
   }
-  for (const auto& item : m.gpt_->named_parameters()) {
-    run.params.emplace_back(item.key(), item.value().detach());
-  }
-  return run;
+  return expected;
 }
 
 TEST(FSDP2StrategyTensorParallel, TrainsLikeOneProcess) {
   const int steps = 4;
-  const ReferenceRun ref = Reference(steps);
+  const Expected ref = Reference(steps);
   struct Layout {
     std::string dp, tp;
     int world, want_dp, want_tp;
@@ -433,13 +374,10 @@ TEST(FSDP2StrategyTensorParallel, TrainsLikeOneProcess) {
            {"2", "2", 4, 2, 2, "no_shard"},
            {"2", "2", 4, 2, 2, "shard_grad_op"}}) {
     const std::string name = "(dp, tp) = (" + l.dp + ", " + l.tp + ") " + l.strategy;
-    LaunchOptions o;
-    o.world_size = l.world;
-    o.scenario = "tp_train";
-    o.args = {l.dp, l.tp, std::to_string(l.want_dp), std::to_string(l.want_tp),
-              std::to_string(steps), l.strategy};
-    o.timeout = std::chrono::seconds(240);
-    auto r = LaunchRanks(o);
+    auto r = LaunchScenario("tp_train", l.world,
+                            {l.dp, l.tp, std::to_string(l.want_dp), std::to_string(l.want_tp),
+                             std::to_string(steps), l.strategy},
+                            std::chrono::seconds(240));
     ASSERT_TRUE(r.ok()) << name << "\n" << r.Describe();
     double worst_loss = 0, worst_norm = 0, worst_param = 0;
     for (int rank = 0; rank < l.world; ++rank) {
@@ -447,10 +385,11 @@ TEST(FSDP2StrategyTensorParallel, TrainsLikeOneProcess) {
       for (int i = 0; i < steps; ++i) {
         double loss = 0, norm = 0;
         ASSERT_TRUE(in >> loss >> norm) << name << " rank " << rank << " step " << i;
-        EXPECT_NEAR(loss, ref.losses[i], 1e-11 * ref.losses[i]) << name << " step " << i;
-        EXPECT_NEAR(norm, ref.norms[i], 1e-9 * ref.norms[i]) << name << " step " << i;
-        worst_loss = std::max(worst_loss, std::abs(loss - ref.losses[i]) / ref.losses[i]);
-        worst_norm = std::max(worst_norm, std::abs(norm - ref.norms[i]) / ref.norms[i]);
+        const double want_loss = ref.run.losses[i], want_norm = ref.run.grad_norms[i];
+        EXPECT_NEAR(loss, want_loss, 1e-11 * want_loss) << name << " step " << i;
+        EXPECT_NEAR(norm, want_norm, 1e-9 * want_norm) << name << " step " << i;
+        worst_loss = std::max(worst_loss, std::abs(loss - want_loss) / want_loss);
+        worst_norm = std::max(worst_norm, std::abs(norm - want_norm) / want_norm);
       }
     }
     std::vector<at::Tensor> values;
@@ -478,7 +417,7 @@ FSDP2_SCENARIO(tp_parallelize_error) {
   strategy::FSDP2Strategy s(o);
   s.setup_environment();
   if (args.at(0) == "heads") {
-    s.connect(std::make_shared<GPTModule>(TinyGPT(/*n_head=*/3)));
+    s.connect(TestGPTModule(HeadsGPT(/*n_head=*/3)));
   } else {
     struct NoPlan : strategy::TrainingModule {
       std::shared_ptr<torch::nn::Module> module() override { return linear.ptr(); }
@@ -497,12 +436,7 @@ TEST(FSDP2StrategyTensorParallel, ParallelizeSaysWhatToChange) {
   for (const auto& [which, text] : std::vector<std::pair<std::string, std::string>>{
            {"heads", "tensor_parallel_size 2 does not divide n_head 3"},
            {"no_plan", "does not implement tp::TensorParallelPlanProvider"}}) {
-    LaunchOptions o;
-    o.world_size = 2;
-    o.scenario = "tp_parallelize_error";
-    o.args = {which};
-    o.timeout = std::chrono::seconds(60);
-    auto r = LaunchRanks(o);
+    auto r = LaunchScenario("tp_parallelize_error", 2, {which}, std::chrono::seconds(60));
     ASSERT_FALSE(r.ok()) << which;
     EXPECT_NE(r.ranks[0].log.find(text), std::string::npos) << r.Describe();
   }

@@ -4,9 +4,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <fstream>
@@ -23,12 +20,12 @@ namespace fsdp2 {
 namespace testing {
 namespace {
 
-models::GPTConfig TinyGPT() {
-  models::GPTConfig c;
+// The equivalence tests' GPT: TinyGPT with a wider vocabulary and
+// embedding.
+models::GPTConfig EquivalenceGPT() {
+  models::GPTConfig c = TinyGPT();
   c.vocab_size = 64;
   c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 2;
   c.n_embd = 32;
   return c;
 }
@@ -75,7 +72,7 @@ Model BuildModel(const TrainSpec& spec) {
   torch::manual_seed(spec.seed);
   Model m;
   if (spec.model == "gpt") {
-    auto gpt = models::GPT(TinyGPT());
+    auto gpt = models::GPT(EquivalenceGPT());
     for (size_t i = 0; i < gpt->blocks->size(); ++i) {
       m.units.push_back(gpt->block(i).ptr());
     }
@@ -120,7 +117,7 @@ std::pair<at::Tensor, at::Tensor> GlobalBatch(const TrainSpec& spec, int step,
                                               int64_t rows) {
   auto gen = at::detail::createCPUGenerator(spec.seed * 1000003 + step);
   if (spec.model == "gpt") {
-    at::Tensor tokens = at::randint(TinyGPT().vocab_size, {rows, kSeqLen + 1},
+    at::Tensor tokens = at::randint(EquivalenceGPT().vocab_size, {rows, kSeqLen + 1},
                                     gen, at::TensorOptions().dtype(at::kLong));
     return {tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)};
   }
@@ -133,37 +130,62 @@ std::pair<at::Tensor, at::Tensor> GlobalBatch(const TrainSpec& spec, int step,
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
     const TrainSpec& spec, torch::nn::Module& model) {
-  if (spec.optimizer == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        model.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
-  }
-  if (spec.optimizer == "adam") {
-    // No L2 decay: Adam normalises `grad + wd * p`, so parameters whose true
-    // gradient is zero (the key slice of an attention bias: softmax ignores
-    // a per-query constant) get steps of size ~lr whose sign is set by
-    // rounding noise, in any two runs that round differently.
-    return std::make_unique<torch::optim::Adam>(model.parameters(),
-                                                torch::optim::AdamOptions(1e-2));
-  }
-  if (spec.optimizer == "sgd") {
-    return std::make_unique<torch::optim::SGD>(
-        model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  }
-  throw std::invalid_argument("unknown optimizer " + spec.optimizer);
-}
-
-std::shared_ptr<comm::DeviceMesh> MakeMesh(
-    const TrainSpec& spec, const std::shared_ptr<comm::World>& world) {
-  const int n = world->size();
-  if (spec.strategy == "hybrid_shard") {
-    const int replicate = (n % 2 == 0 && n > 2) ? 2 : 1;
-    return comm::DeviceMesh::Create(world, {replicate, n / replicate},
-                                    {"replicate", "shard"});
-  }
-  return comm::DeviceMesh::Create(world, {n}, {"dp"});
+  return strategy::MakeOptimizer(model.parameters(), TestOptimizer(spec.optimizer));
 }
 
 }  // namespace
+
+models::GPTConfig TinyGPT() {
+  models::GPTConfig c;
+  c.vocab_size = 32;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  return c;
+}
+
+std::vector<at::Tensor> TokenWindows(int64_t vocab_size, int64_t rows) {
+  auto gen = at::detail::createCPUGenerator(99);
+  at::Tensor tokens =
+      at::randint(vocab_size, {rows, 9}, gen, at::TensorOptions().dtype(at::kLong));
+  return {tokens.narrow(1, 0, 8).contiguous(), tokens.narrow(1, 1, 8).contiguous()};
+}
+
+strategy::OptimizerOptions TestOptimizer(const std::string& kind) {
+  strategy::OptimizerOptions o;
+  o.kind = strategy::ParseOptimizerKind(kind);
+  switch (o.kind) {
+    case strategy::OptimizerKind::kAdamW:
+      o.lr = 1e-2;
+      o.weight_decay = 0.01;
+      break;
+    case strategy::OptimizerKind::kAdam:
+      // No L2 decay: Adam normalises `grad + wd * p`, so parameters whose
+      // true gradient is zero (the key slice of an attention bias: softmax
+      // ignores a per-query constant) get steps of size ~lr whose sign is
+      // set by rounding noise, in any two runs that round differently.
+      o.lr = 1e-2;
+      o.weight_decay = 0;
+      break;
+    case strategy::OptimizerKind::kSGD:
+      o.lr = 0.1;
+      o.momentum = 0.9;
+      o.weight_decay = 0;
+      break;
+  }
+  return o;
+}
+
+fsdp::FSDPOptions DataParallelOptions(const std::shared_ptr<comm::World>& world) {
+  fsdp::FSDPOptions options;
+  options.mesh = comm::DeviceMesh::Create(world, {world->size()}, {"dp"});
+  return options;
+}
+
+void Check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("FAILED: " + what);
+}
 
 std::vector<std::string> TrainSpec::ToArgs() const {
   std::ostringstream clip_s;
@@ -227,7 +249,13 @@ TrainOutput TrainSharded(const TrainSpec& spec,
                          const std::shared_ptr<comm::World>& world) {
   Model m = BuildModel(spec);
   fsdp::FSDPOptions options;
-  options.mesh = MakeMesh(spec, world);
+  if (spec.strategy == "hybrid_shard") {
+    const int n = world->size(), replicate = (n % 2 == 0 && n > 2) ? 2 : 1;
+    options.mesh = comm::DeviceMesh::Create(world, {replicate, n / replicate},
+                                            {"replicate", "shard"});
+  } else {
+    options = DataParallelOptions(world);
+  }
   options.strategy = fsdp::ParseShardingStrategy(spec.strategy);
   if (spec.mixed_precision == "bf16") {
     options.mp_policy.param_dtype = at::kBFloat16;

@@ -1,6 +1,8 @@
 // fsdp2/tests/training_util.h
 //
-// One training recipe run two ways: unsharded in one process on the global
+// What the tests share below the strategy layer: the small models,
+// data and optimizers they train (fixtures), checks for scenarios, and one
+// training recipe run two ways: unsharded in one process on the global
 // batch (the reference), and as one rank of an FSDP run on its slice of the
 // same global batch. Equivalence tests compare the two.
 //
@@ -14,15 +16,56 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
+#include "core/models/gpt.h"
+#include "core/strategy/optimizer.h"
 
 namespace fsdp2 {
 namespace testing {
+
+// ------------------------------------------------------------ fixtures
+
+// The tests' GPT: vocabulary 32, 8 tokens, 2 blocks of 2 heads, n_embd 16.
+// A test that needs other sizes changes the fields it names.
+models::GPTConfig TinyGPT();
+
+// `rows` windows of 9 random tokens below `vocab_size` (generator seed 99):
+// {inputs [rows, 8], targets [rows, 8]}, the targets shifted by one.
+std::vector<at::Tensor> TokenWindows(int64_t vocab_size, int64_t rows);
+
+// The tests' optimizers: "adamw" (lr 1e-2, weight decay 0.01), "adam"
+// (lr 1e-2, no weight decay) or "sgd" (lr 0.1, momentum 0.9).
+strategy::OptimizerOptions TestOptimizer(const std::string& kind);
+
+// FSDP options over a one-dimensional "dp" mesh of the whole world.
+fsdp::FSDPOptions DataParallelOptions(const std::shared_ptr<comm::World>& world);
+
+// In a scenario: throws std::runtime_error("FAILED: what") unless `ok`.
+void Check(bool ok, const std::string& what);
+
+// In a scenario: runs `fn` and throws std::runtime_error unless it throws
+// an E whose message contains `needle`.
+template <typename E, typename F>
+void ExpectThrows(const std::string& what, const std::string& needle, F&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    Check(std::string(e.what()).find(needle) != std::string::npos,
+          what + ": message '" + e.what() + "' lacks '" + needle + "'");
+    return;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("FAILED: " + what + ": wrong exception type: " + e.what());
+  }
+  throw std::runtime_error("FAILED: " + what + ": did not throw");
+}
+
+// ------------------------------------------- fully_shard against one process
 
 struct TrainSpec {
   std::string model = "gpt";         // gpt | mlp | conv

@@ -27,13 +27,6 @@ std::map<std::string, Scenario>& Scenarios() {
   return *scenarios;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 std::string NewOutDir() {
   static std::atomic<int> counter{0};
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -45,6 +38,21 @@ std::string NewOutDir() {
 }
 
 }  // namespace
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<double> ReadNumbers(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<double> numbers;
+  double x;
+  while (in >> x) numbers.push_back(x);
+  return numbers;
+}
 
 ScenarioRegistrar::ScenarioRegistrar(const char* name, Scenario scenario) {
   Scenarios()[name] = std::move(scenario);
@@ -151,6 +159,16 @@ LaunchResult LaunchRanks(const LaunchOptions& options) {
   }
   for (int rank = 0; rank < n; ++rank) result.ranks[rank].log = ReadFile(logs[rank]);
   return result;
+}
+
+LaunchResult LaunchScenario(const std::string& scenario, int world_size,
+                            std::vector<std::string> args, std::chrono::seconds timeout) {
+  LaunchOptions options;
+  options.scenario = scenario;
+  options.world_size = world_size;
+  options.args = std::move(args);
+  options.timeout = timeout;
+  return LaunchRanks(options);
 }
 
 int TestMain(int argc, char** argv) {

@@ -47,6 +47,17 @@ struct LaunchResult {
 
 LaunchResult LaunchRanks(const LaunchOptions& options);
 
+// LaunchRanks with the scenario, world size, arguments and timeout given
+// and everything else left at its default.
+LaunchResult LaunchScenario(const std::string& scenario, int world_size,
+                            std::vector<std::string> args = {},
+                            std::chrono::seconds timeout = std::chrono::seconds(180));
+
+// What a rank wrote: the whole file (empty if it is missing), or the
+// whitespace-separated numbers in it.
+std::string ReadFile(const std::string& path);
+std::vector<double> ReadNumbers(const std::string& path);
+
 // Worker side: the directory this launch's ranks write results into.
 std::string WorkerOutDir();
 

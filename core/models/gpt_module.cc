@@ -1,0 +1,58 @@
+#include "core/models/gpt_module.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "core/fsdp/fully_shard.h"
+
+namespace fsdp2 {
+namespace models {
+
+strategy::OptimizerOptions GPT2AdamW(double lr) {
+  strategy::OptimizerOptions o;
+  o.kind = strategy::OptimizerKind::kAdamW;
+  o.lr = lr;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.eps = 1e-8;
+  o.weight_decay = 0.1;
+  return o;
+}
+
+GPTModule::GPTModule(const GPTConfig& config, const strategy::OptimizerOptions& optimizer,
+                     std::optional<at::ScalarType> dtype)
+    : gpt_(config), optimizer_(optimizer) {
+  if (dtype) gpt_->to(*dtype);
+}
+
+at::Tensor GPTModule::training_step(const strategy::Batch& batch, int64_t) {
+  return loss(batch);
+}
+
+at::Tensor GPTModule::validation_step(const strategy::Batch& batch, int64_t) {
+  return loss(batch);
+}
+
+at::Tensor GPTModule::predict_step(const strategy::Batch& batch, int64_t) {
+  if (batch.empty()) throw std::invalid_argument("GPTModule: predict_step needs {tokens}");
+  return logits(batch[0]).argmax(-1);
+}
+
+std::unique_ptr<torch::optim::Optimizer> GPTModule::configure_optimizers() {
+  return strategy::MakeOptimizer(gpt_->parameters(), optimizer_);
+}
+
+at::Tensor GPTModule::loss(const strategy::Batch& batch) {
+  if (batch.size() < 2) {
+    throw std::invalid_argument("GPTModule: a batch is {tokens, targets}, got " +
+                                std::to_string(batch.size()) + " tensor(s)");
+  }
+  return LanguageModelLoss(logits(batch[0]), batch[1].to(at::kLong));
+}
+
+at::Tensor GPTModule::logits(const at::Tensor& tokens) {
+  return fsdp::forward(gpt_, tokens.to(at::kLong));
+}
+
+}  // namespace models
+}  // namespace fsdp2

@@ -1,0 +1,55 @@
+#include "core/strategy/optimizer.h"
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <stdexcept>
+
+namespace fsdp2 {
+namespace strategy {
+
+OptimizerKind ParseOptimizerKind(const std::string& name) {
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  if (name == "adam") return OptimizerKind::kAdam;
+  if (name == "sgd") return OptimizerKind::kSGD;
+  throw std::invalid_argument("unknown optimizer '" + name +
+                              "' (known: adamw, adam, sgd)");
+}
+
+const char* ToString(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW: return "adamw";
+    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kSGD: return "sgd";
+  }
+  return "?";
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
+    const std::vector<at::Tensor>& params, const OptimizerOptions& o) {
+  switch (o.kind) {
+    case OptimizerKind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(o.lr)
+                      .betas({o.beta1, o.beta2})
+                      .eps(o.eps)
+                      .weight_decay(o.weight_decay));
+    case OptimizerKind::kAdam:
+      return std::make_unique<torch::optim::Adam>(
+          params, torch::optim::AdamOptions(o.lr)
+                      .betas({o.beta1, o.beta2})
+                      .eps(o.eps)
+                      .weight_decay(o.weight_decay));
+    case OptimizerKind::kSGD:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(o.lr)
+                      .momentum(o.momentum)
+                      .weight_decay(o.weight_decay));
+  }
+  throw std::invalid_argument("unknown optimizer kind " +
+                              std::to_string(static_cast<int>(o.kind)));
+}
+
+}  // namespace strategy
+}  // namespace fsdp2

@@ -1,0 +1,55 @@
+#include "tests/strategy_util.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <chrono>
+
+namespace fsdp2 {
+namespace testing {
+
+strategy::FSDP2StrategyOptions TestStrategyOptions(uint64_t seed, uint64_t sampler_seed) {
+  strategy::FSDP2StrategyOptions o;
+  o.mp_policy = fsdp::MixedPrecisionPolicy{};  // the parameters' own dtype
+  o.seed = seed;
+  o.data_sampler.seed = sampler_seed;
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+std::shared_ptr<models::GPTModule> TestGPTModule(const models::GPTConfig& config) {
+  return std::make_shared<models::GPTModule>(config, TestOptimizer("adamw"), at::kDouble);
+}
+
+std::shared_ptr<models::MLPModule> TestMLPModule(const models::MLPConfig& config) {
+  return std::make_shared<models::MLPModule>(config, TestOptimizer("adamw"));
+}
+
+strategy::Batch SelectRows(const strategy::Batch& data, const std::vector<int64_t>& index) {
+  const at::Tensor rows = at::tensor(index, at::kLong);
+  strategy::Batch out;
+  for (const auto& t : data) out.push_back(t.index_select(0, rows));
+  return out;
+}
+
+ReferenceRun TrainOneProcess(strategy::TrainingModule& module, const strategy::Batch& data,
+                             const strategy::DistributedSampler& sampler, int steps,
+                             double clip) {
+  auto optimizer = module.configure_optimizers();
+  ReferenceRun run;
+  for (int i = 0; i < steps; ++i) {
+    at::Tensor loss = module.training_step(SelectRows(data, sampler.global_batch(i)), i);
+    loss.backward();
+    if (clip > 0) {
+      run.grad_norms.push_back(
+          torch::nn::utils::clip_grad_norm_(module.module()->parameters(), clip));
+    }
+    optimizer->step();
+    optimizer->zero_grad();
+    run.losses.push_back(loss.item<double>());
+  }
+  return run;
+}
+
+}  // namespace testing
+}  // namespace fsdp2

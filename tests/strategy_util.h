@@ -1,0 +1,54 @@
+// fsdp2/tests/strategy_util.h
+//
+// What the FSDP2Strategy tests share: the strategy options they run with,
+// the GPT and MLP TrainingModules they train (core/models' modules in
+// float64 and float32 with the tests' AdamW), and the single-process
+// reference they compare a multi-rank run with. The fixtures below the
+// strategy layer (TinyGPT, TokenWindows, TestOptimizer) are in
+// training_util.h.
+#ifndef FSDP2_TESTS_STRATEGY_UTIL_H_
+#define FSDP2_TESTS_STRATEGY_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/models/gpt_module.h"
+#include "core/models/mlp_module.h"
+#include "core/strategy/distributed_sampler.h"
+#include "core/strategy/fsdp2_strategy.h"
+#include "tests/training_util.h"
+
+namespace fsdp2 {
+namespace testing {
+
+// Options for a strategy test: the parameters' own dtype throughout (no
+// mixed precision), torch::manual_seed(seed) on every rank, the sampler's
+// seed, and a 60 s collective timeout.
+strategy::FSDP2StrategyOptions TestStrategyOptions(uint64_t seed, uint64_t sampler_seed = 0);
+
+// The GPT of `config` in float64 with TestOptimizer("adamw"); built from
+// the default generator like any module.
+std::shared_ptr<models::GPTModule> TestGPTModule(const models::GPTConfig& config = TinyGPT());
+
+// The MLP of `config` in float32 (as built) with TestOptimizer("adamw").
+std::shared_ptr<models::MLPModule> TestMLPModule(const models::MLPConfig& config);
+
+// The rows `index` of every tensor of `data`.
+strategy::Batch SelectRows(const strategy::Batch& data, const std::vector<int64_t>& index);
+
+// One process, no FSDP: `steps` optimizer steps of `module` (its
+// training_step, then clipping to `clip` when positive) on the global
+// batches `sampler` draws from `data`. Returns each step's loss and, when
+// clipping, the gradient norm before clipping.
+struct ReferenceRun {
+  std::vector<double> losses, grad_norms;
+};
+ReferenceRun TrainOneProcess(strategy::TrainingModule& module, const strategy::Batch& data,
+                             const strategy::DistributedSampler& sampler, int steps,
+                             double clip = 0);
+
+}  // namespace testing
+}  // namespace fsdp2
+
+#endif  // FSDP2_TESTS_STRATEGY_UTIL_H_
