@@ -14,6 +14,8 @@
 #ifndef FSDP2_CORE_FSDP_INTERNAL_DEFERRED_LOG_H_
 #define FSDP2_CORE_FSDP_INTERNAL_DEFERRED_LOG_H_
 
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>

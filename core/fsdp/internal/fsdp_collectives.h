@@ -11,6 +11,8 @@
 #ifndef FSDP2_CORE_FSDP_INTERNAL_FSDP_COLLECTIVES_H_
 #define FSDP2_CORE_FSDP_INTERNAL_FSDP_COLLECTIVES_H_
 
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
 #include <ATen/core/Tensor.h>
 
 #include <memory>

@@ -25,6 +25,8 @@
 #ifndef FSDP2_CORE_FSDP_INTERNAL_FSDP_PARAM_H_
 #define FSDP2_CORE_FSDP_INTERNAL_FSDP_PARAM_H_
 
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 

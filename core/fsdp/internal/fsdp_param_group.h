@@ -22,6 +22,8 @@
 #ifndef FSDP2_CORE_FSDP_INTERNAL_FSDP_PARAM_GROUP_H_
 #define FSDP2_CORE_FSDP_INTERNAL_FSDP_PARAM_GROUP_H_
 
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
 #include <ATen/core/Tensor.h>
 
 #include <memory>

@@ -18,6 +18,8 @@
 #ifndef FSDP2_CORE_FSDP_INTERNAL_FSDP_ROOT_STATE_H_
 #define FSDP2_CORE_FSDP_INTERNAL_FSDP_ROOT_STATE_H_
 
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
 #include <deque>
 #include <memory>
 #include <vector>

@@ -29,6 +29,8 @@
 #ifndef FSDP2_CORE_FSDP_INTERNAL_FSDP_UNIT_H_
 #define FSDP2_CORE_FSDP_INTERNAL_FSDP_UNIT_H_
 
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 

@@ -9,6 +9,8 @@
 #ifndef FSDP2_CORE_FSDP_INTERNAL_STORAGE_H_
 #define FSDP2_CORE_FSDP_INTERNAL_STORAGE_H_
 
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
 #include <ATen/Functions.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>

@@ -13,6 +13,8 @@
 #ifndef FSDP2_CORE_FSDP_INTERNAL_UNIT_REGISTRY_H_
 #define FSDP2_CORE_FSDP_INTERNAL_UNIT_REGISTRY_H_
 
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
 #include <torch/nn/module.h>
 
 #include <memory>
