@@ -271,7 +271,11 @@ double RunPythonDdp(const ModelFlags& m, int nproc, int steps, int warmup,
   const std::string script =
       std::string(workspace ? workspace : ".") + "/bench/python_ddp_gpt.py";
   std::ostringstream cmd;
-  for (const auto& [k, v] : launch::CpuPerformanceEnv()) cmd << k << "=" << v << " ";
+  // As users run PyTorch: its own allocator (no LD_PRELOAD), with the
+  // OpenBLAS core type that makes its GEMMs fast on this CPU.
+  for (const auto& [k, v] : launch::CpuPerformanceEnv()) {
+    if (k != "LD_PRELOAD") cmd << k << "=" << v << " ";
+  }
   cmd << "/usr/bin/python3 " << script << " --nproc " << nproc << " --steps "
       << steps << " --warmup " << warmup;
   const auto args = ModelArgs(m);

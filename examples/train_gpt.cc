@@ -35,6 +35,7 @@
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
+#include "core/launch/allocator.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
 #include "core/strategy/cluster_environment.h"
@@ -422,10 +423,12 @@ int RunRank(const Flags& f) {
   }
   trainer.fit(train, &val);
   auto stats = fsdp::memory_stats(*module->module());
-  std::printf("rank %d: sharded params %.2f MiB of %.2f MiB, peak unsharded params %.2f MiB\n",
+  std::printf("rank %d: sharded params %.2f MiB of %.2f MiB, peak unsharded params %.2f MiB, "
+              "allocator %s\n",
               rank, stats.sharded_param_bytes / 1048576.0,
               stats.total_param_numel * 4 / 1048576.0,
-              fsdp::peak_unsharded_param_bytes() / 1048576.0);
+              fsdp::peak_unsharded_param_bytes() / 1048576.0,
+              launch::ActiveAllocator().c_str());
   if (rank == 0) {
     std::printf("metrics: %s, %s; loss curve: %s\n", trainer_options.metrics_jsonl.c_str(),
                 trainer_options.metrics_csv.c_str(), trainer_options.loss_curve_svg.c_str());
@@ -443,12 +446,16 @@ int main(int argc, char** argv) {
     // Started by torchrun, srun or mpirun: this process is one rank.
     // Otherwise launch --nproc local ranks.
     if (strategy::ClusterEnvironment::Detect().kind == strategy::ClusterKind::kLocal) {
+      // The launcher starts every rank with the allocator (allocator.h).
       launch::LocalLaunchOptions options;
       options.nproc = flags.nproc;
       options.threads_per_rank = flags.threads;
       options.argv.assign(argv, argv + argc);
       return launch::LaunchLocal(options);
     }
+    // Started by an outside launcher: restart once with the allocator if
+    // it is not in place yet.
+    launch::ReexecWithAllocator(argc, argv);
     return RunRank(flags);
   } catch (const std::exception& e) {
     std::cerr << "train: " << e.what() << "\n";

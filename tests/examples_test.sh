@@ -61,6 +61,28 @@ if [[ "$(ls "$tmp/rot" | tr '\n' ' ')" != "step-3 step-4 " ]]; then
   echo "FAIL: --ckpt-keep 2 should leave step-3 and step-4, found: $(ls "$tmp/rot")"; fail=1
 fi
 
+# The allocator (core/launch/allocator.h): every rank the launcher starts
+# runs with tcmalloc, and so does a rank an outside launcher started
+# (torchrun-style variables, no LD_PRELOAD): it restarts itself with it.
+for r in 0 1; do
+  if ! grep -q "\[rank $r\] rank $r: .*allocator tcmalloc" <<<"$two"; then
+    echo "FAIL: rank $r of the launched job does not run with tcmalloc"; fail=1
+  fi
+done
+port=$(( 20000 + RANDOM % 20000 ))
+outside=$(env -u LD_PRELOAD RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 "$train" --steps 1 "${common[@]}" \
+  --out-dir "$tmp/o8" 2>&1) || { echo "torchrun-style rank failed"; echo "$outside"; exit 1; }
+if ! grep -q "rank 0: .*allocator tcmalloc" <<<"$outside"; then
+  echo "FAIL: a rank started by an outside launcher does not restart with tcmalloc:"
+  echo "$outside"; fail=1
+fi
+off=$(FSDP2_ALLOCATOR=system run --nproc 2 --batch-size 4 "${common[@]}" --steps 1 --out-dir "$tmp/o9") || { echo "$off"; exit 1; }
+if [[ $(grep -c "allocator system" <<<"$off") -ne 2 ]]; then
+  echo "FAIL: FSDP2_ALLOCATOR=system should leave both ranks on the system allocator:"
+  echo "$off"; fail=1
+fi
+
 expect_error() {  # expected-text args...
   local want="$1"; shift
   out=$(run "$@"); code=$?

@@ -1,5 +1,7 @@
 #include "core/launch/local_launcher.h"
 
+#include "core/launch/allocator.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -52,16 +54,12 @@ std::map<std::string, std::string> CpuPerformanceEnv() {
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
     env["OMP_WAIT_POLICY"] = "PASSIVE";
   }
-  // glibc raises its mmap threshold each time a large block is freed (up to
-  // 32 MiB), after which unit-sized buffers come from the heap and stay in
-  // the process when freed. A fixed threshold returns them to the system:
-  // per-rank peak RSS of FULL_SHARD on a 40M-parameter GPT at N=4 fell from
-  // 0.64 to 0.55 of NO_SHARD's (bench/memory). 4 MiB rather than less:
-  // every block above it is mapped afresh and page-faulted on each use, and
-  // 1 MiB caught the main job's activations; 4 MiB saved as much memory.
-  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) {
-    env["MALLOC_MMAP_THRESHOLD_"] = "4194304";
-  }
+  // The allocator (see allocator.h): glibc's malloc returns large freed
+  // blocks to the kernel and faults them in again every step.
+  const char* preload = std::getenv("LD_PRELOAD");
+  const std::string current = preload != nullptr ? preload : "";
+  const std::string wanted = RankPreload(current);
+  if (wanted != current) env["LD_PRELOAD"] = wanted;
   return env;
 }
 
@@ -148,7 +146,7 @@ int LaunchLocal(const LocalLaunchOptions& options) {
     threads = std::max(1u, std::thread::hardware_concurrency() / n);
   }
   std::map<std::string, std::string> base = CurrentEnvironment();
-  for (const auto& kv : CpuPerformanceEnv()) base.emplace(kv.first, kv.second);
+  for (const auto& kv : CpuPerformanceEnv()) base[kv.first] = kv.second;
   base["OMP_NUM_THREADS"] = std::to_string(threads);
   base["FSDP2_THREADS"] = std::to_string(threads);
   base["MASTER_ADDR"] = "127.0.0.1";

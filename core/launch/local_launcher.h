@@ -9,7 +9,8 @@
 // It also sets what LibTorch needs to run well on CPU unless the caller's
 // environment already says otherwise: OMP_NUM_THREADS (threads per rank),
 // OPENBLAS_CORETYPE (OpenBLAS does not recognise some virtual CPUs and falls
-// back to slow generic kernels without it) and OMP_WAIT_POLICY=PASSIVE.
+// back to slow generic kernels without it), OMP_WAIT_POLICY=PASSIVE, and the
+// allocator (tcmalloc through LD_PRELOAD; see allocator.h).
 #ifndef FSDP2_CORE_LAUNCH_LOCAL_LAUNCHER_H_
 #define FSDP2_CORE_LAUNCH_LOCAL_LAUNCHER_H_
 
@@ -38,11 +39,12 @@ int LaunchLocal(const LocalLaunchOptions& options);
 bool IsRankProcess();
 
 // The environment LibTorch wants for fast CPU training here: the OpenBLAS
-// core type matching this CPU's vector units, when it can tell, and
+// core type matching this CPU's vector units, when it can tell,
 // OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep instead of spinning between
-// parallel regions), and MALLOC_MMAP_THRESHOLD_=4194304 (glibc returns freed
-// blocks of 4 MiB and more to the system instead of keeping them in the
-// heap). Variables the caller already set are left out.
+// parallel regions), each left out when the caller already set it, and
+// LD_PRELOAD with the allocator of allocator.h put in front of the caller's
+// own LD_PRELOAD (left out when nothing is to be added). A launcher assigns
+// every variable returned.
 std::map<std::string, std::string> CpuPerformanceEnv();
 
 // A TCP port on 127.0.0.1 that was free a moment ago.

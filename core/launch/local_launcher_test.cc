@@ -3,7 +3,10 @@
 #include "core/launch/local_launcher.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include "core/launch/allocator.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -16,8 +19,17 @@ namespace fsdp2 {
 namespace launch {
 namespace {
 
-int RankMain(const std::string& mode) {
+int RankMain(const std::string& mode, int argc, char** argv) {
   const int rank = std::atoi(std::getenv("RANK"));
+  if (mode == "allocator") {
+    std::cout << "rank " << rank << " allocator " << ActiveAllocator() << std::endl;
+    return 0;
+  }
+  if (mode == "reexec") {  // as the main job does under an outside launcher
+    ReexecWithAllocator(argc, argv);
+    std::cout << "rank " << rank << " allocator " << ActiveAllocator() << std::endl;
+    return 0;
+  }
   if (mode == "hello") {
     std::cout << "hello from " << rank << " of " << std::getenv("WORLD_SIZE")
               << " port " << std::getenv("MASTER_PORT") << " threads "
@@ -64,21 +76,82 @@ TEST(LocalLauncher, OneFailingRankStopsTheOthers) {
   EXPECT_LT(took, std::chrono::seconds(30)) << "the sleeping ranks were not stopped";
 }
 
-// The defaults the ranks get for fast, lean CPU training, each only where
-// the caller has not set the variable.
+// The defaults the ranks get for fast CPU training, each only where the
+// caller has not set the variable.
 TEST(LocalLauncher, PerformanceDefaultsYieldToTheCallersEnvironment) {
-  unsetenv("MALLOC_MMAP_THRESHOLD_");
   unsetenv("OMP_WAIT_POLICY");
   auto env = CpuPerformanceEnv();
-  EXPECT_EQ(env["MALLOC_MMAP_THRESHOLD_"], "4194304");
   EXPECT_EQ(env["OMP_WAIT_POLICY"], "PASSIVE");
-  setenv("MALLOC_MMAP_THRESHOLD_", "131072", 1);
   setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
   env = CpuPerformanceEnv();
-  EXPECT_EQ(env.count("MALLOC_MMAP_THRESHOLD_"), 0u);
   EXPECT_EQ(env.count("OMP_WAIT_POLICY"), 0u);
-  unsetenv("MALLOC_MMAP_THRESHOLD_");
   unsetenv("OMP_WAIT_POLICY");
+}
+
+// scripts/setup.sh installs tcmalloc; every rank must run with it.
+TEST(LocalLauncher, EveryRankRunsWithTheAllocator) {
+  ASSERT_NE(AllocatorLibrary("tcmalloc"), "")
+      << "tcmalloc is not installed: scripts/setup.sh must install libtcmalloc-minimal4";
+  ::testing::internal::CaptureStdout();
+  const int code = Launch("allocator", 2);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(code, 0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string line = "rank " + std::to_string(r) + " allocator tcmalloc";
+    EXPECT_NE(out.find(line), std::string::npos) << out;
+  }
+}
+
+TEST(LocalLauncher, OneVariableTurnsTheAllocatorOff) {
+  setenv("FSDP2_ALLOCATOR", "system", 1);
+  ::testing::internal::CaptureStdout();
+  const int code = Launch("allocator", 2);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  unsetenv("FSDP2_ALLOCATOR");
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(out.find("rank 0 allocator system"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1 allocator system"), std::string::npos) << out;
+}
+
+TEST(LocalLauncher, TheCallersPreloadIsKept) {
+  const std::string library = AllocatorLibrary("tcmalloc");
+  ASSERT_NE(library, "");
+  EXPECT_EQ(RankPreload(""), library);
+  EXPECT_EQ(RankPreload("/opt/x/libfoo.so"), library + ":/opt/x/libfoo.so");
+  EXPECT_EQ(RankPreload(library + " /opt/x/libfoo.so"), library + " /opt/x/libfoo.so");
+  setenv("FSDP2_ALLOCATOR", "system", 1);
+  EXPECT_EQ(RankPreload("/opt/x/libfoo.so"), "/opt/x/libfoo.so");
+  setenv("FSDP2_ALLOCATOR", "glibc", 1);
+  try {
+    RequestedAllocator();
+    ADD_FAILURE() << "an unknown allocator was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("FSDP2_ALLOCATOR='glibc'"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("FSDP2_ALLOCATOR");
+}
+
+// A rank started by an outside launcher (torchrun, srun, mpirun) has no
+// preloaded allocator: the main job restarts itself once with it.
+TEST(LocalLauncher, AnOutsideRankRestartsWithTheAllocator) {
+  auto env = CurrentEnvironment();
+  env.erase("LD_PRELOAD");
+  env["RANK"] = "0";
+  env["WORLD_SIZE"] = "1";
+  env["FSDP2_LAUNCHER_TEST_MODE"] = "reexec";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const int pid = SpawnSelf({"local_launcher_test"}, env, fds[1]);
+  close(fds[1]);
+  std::string out;
+  char buf[256];
+  for (ssize_t got; (got = read(fds[0], buf, sizeof(buf))) > 0;) out.append(buf, got);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("rank 0 allocator tcmalloc"), std::string::npos) << out;
 }
 
 TEST(LocalLauncher, ZeroProcessesIsAnError) {
@@ -92,7 +165,7 @@ TEST(LocalLauncher, ZeroProcessesIsAnError) {
 int main(int argc, char** argv) {
   const char* mode = std::getenv("FSDP2_LAUNCHER_TEST_MODE");
   if (mode != nullptr && fsdp2::launch::IsRankProcess()) {
-    return fsdp2::launch::RankMain(mode);
+    return fsdp2::launch::RankMain(mode, argc, argv);
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -87,7 +87,7 @@ LaunchResult LaunchRanks(const LaunchOptions& options) {
     env["FSDP2_STORE_PATH"] = result.out_dir + "/store";
     env["FSDP2_TEST_OUT"] = result.out_dir;
     env["OMP_NUM_THREADS"] = "1";
-    for (const auto& kv : launch::CpuPerformanceEnv()) env.emplace(kv.first, kv.second);
+    for (const auto& kv : launch::CpuPerformanceEnv()) env[kv.first] = kv.second;
     for (const auto& kv : options.env) env[kv.first] = kv.second;
     auto it = options.rank_env.find(rank);
     if (it != options.rank_env.end()) {

@@ -6,6 +6,7 @@ public class FSDP2Exception extends RuntimeException {
   private final int status;
   private final String statusName;
 
+  /** The JNI layer (bindings/java/fsdp2_java.i) calls this constructor for every failed call. */
   public FSDP2Exception(int status, String statusName, String message) {
     super(statusName + ": " + message);
     this.status = status;

@@ -1,11 +1,15 @@
 package org.fsdp2;
 
-import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import org.fsdp2.internal.Fsdp2Native;
+import org.fsdp2.internal.fsdp2_optimizer_options_t;
+import org.fsdp2.internal.fsdp2_step_options_t;
+import org.fsdp2.internal.fsdp2_step_result_t;
+import org.fsdp2.internal.fsdp2_strategy_options_t;
+import org.fsdp2.internal.fsdp2_token_loader_options_t;
 
 /**
  * NeMo/Lightning's FSDP2Strategy over fsdp2's C++ engine, from Java.
@@ -111,7 +115,11 @@ public final class FSDP2Strategy extends Handle {
     public FSDP2Strategy build() {
       Native.init();
       long[] out = new long[1];
-      Native.check(Fsdp2Native.fsdp2j_strategy_create(Native.jsonObject(options), out));
+      try (fsdp2_strategy_options_t o = new fsdp2_strategy_options_t()) {
+        Fsdp2Native.fsdp2_strategy_options_init(o);
+        Fsdp2Native.fsdp2_strategy_options_from_json(Native.jsonObject(options), o);
+        Fsdp2Native.fsdp2_strategy_create(o, out);
+      }
       return new FSDP2Strategy(out[0]);
     }
   }
@@ -126,34 +134,36 @@ public final class FSDP2Strategy extends Handle {
 
   @Override
   void destroy(long handle) {
-    Fsdp2Native.fsdp2j_strategy_destroy(handle);
+    Fsdp2Native.fsdp2_strategy_destroy(handle);
   }
 
   /** Collective: joins the job, builds the (dp, tp) mesh, seeds every rank. */
   public void setupEnvironment() {
-    Native.check(Fsdp2Native.fsdp2j_setup_environment(handle()));
-  }
-
-  private int[] rankInfo() {
-    int[] v = new int[4];
-    Native.check(Fsdp2Native.fsdp2j_rank_info(handle(), v));
-    return v;
+    Fsdp2Native.fsdp2_strategy_setup_environment(handle());
   }
 
   public int rank() {
-    return rankInfo()[0];
+    int[] rank = new int[1];
+    Fsdp2Native.fsdp2_strategy_rank_info(handle(), rank, null, null, null);
+    return rank[0];
   }
 
   public int worldSize() {
-    return rankInfo()[1];
+    int[] worldSize = new int[1];
+    Fsdp2Native.fsdp2_strategy_rank_info(handle(), null, worldSize, null, null);
+    return worldSize[0];
   }
 
   public int dataParallelRank() {
-    return rankInfo()[2];
+    int[] rank = new int[1];
+    Fsdp2Native.fsdp2_strategy_rank_info(handle(), null, null, rank, null);
+    return rank[0];
   }
 
   public int dataParallelSize() {
-    return rankInfo()[3];
+    int[] size = new int[1];
+    Fsdp2Native.fsdp2_strategy_rank_info(handle(), null, null, null, size);
+    return size[0];
   }
 
   /** Lightning's tensor_init_context(); see {@link #tensorInitContext()}. */
@@ -188,12 +198,16 @@ public final class FSDP2Strategy extends Handle {
   /** Attaches the model (the strategy keeps its own reference) and the optimizer to build. */
   public void connect(Model model, OptimizerOptions optimizer) {
     String json = optimizer == null ? "{}" : optimizer.toJson();
-    Native.check(Fsdp2Native.fsdp2j_connect(handle(), model.nativeHandle(), json));
+    try (fsdp2_optimizer_options_t o = new fsdp2_optimizer_options_t()) {
+      Fsdp2Native.fsdp2_optimizer_options_init(o);
+      Fsdp2Native.fsdp2_optimizer_options_from_json(json, o);
+      Fsdp2Native.fsdp2_strategy_connect(handle(), model.nativeHandle(), o);
+    }
   }
 
   /** Collective: shards the model (each block, then the root), builds the optimizer. */
   public void parallelize() {
-    Native.check(Fsdp2Native.fsdp2j_parallelize(handle()));
+    Fsdp2Native.fsdp2_strategy_parallelize(handle());
   }
 
   /** Collective: one optimizer step on this rank's rows. */
@@ -204,121 +218,117 @@ public final class FSDP2Strategy extends Handle {
   /** With gradient accumulation over equal micro-batches and global-norm clipping (0: off). */
   public StepResult trainingStep(long batchIdx, int accumulateGradBatches, double gradientClipVal,
       Tensor... batch) {
-    double[] result = new double[3];
-    try (Batch b = new Batch(batch)) {
-      Native.check(Fsdp2Native.fsdp2j_training_step(handle(), b.handle, batchIdx,
-          accumulateGradBatches, gradientClipVal, result));
+    try (fsdp2_step_options_t options = stepOptions(accumulateGradBatches, gradientClipVal);
+        fsdp2_step_result_t result = new fsdp2_step_result_t()) {
+      Fsdp2Native.fsdp2_strategy_training_step(handle(), batch, batchIdx, options, result);
+      return new StepResult(result.getLoss(), result.getGrad_norm(), result.getStep());
     }
-    return new StepResult(result);
+  }
+
+  private static fsdp2_step_options_t stepOptions(int accumulateGradBatches,
+      double gradientClipVal) {
+    fsdp2_step_options_t options = new fsdp2_step_options_t();
+    Fsdp2Native.fsdp2_step_options_init(options);
+    options.setAccumulate_grad_batches(accumulateGradBatches);
+    options.setGradient_clip_val(gradientClipVal);
+    return options;
   }
 
   /** Collective: the loss without gradients, averaged over data-parallel ranks. */
   public double validationStep(long batchIdx, Tensor... batch) {
-    return evaluationStep(batchIdx, false, batch);
+    double[] loss = new double[1];
+    Fsdp2Native.fsdp2_strategy_validation_step(handle(), batch, batchIdx, loss);
+    return loss[0];
   }
 
   public double testStep(long batchIdx, Tensor... batch) {
-    return evaluationStep(batchIdx, true, batch);
-  }
-
-  private double evaluationStep(long batchIdx, boolean test, Tensor... batch) {
     double[] loss = new double[1];
-    try (Batch b = new Batch(batch)) {
-      Native.check(Fsdp2Native.fsdp2j_evaluation_step(handle(), b.handle, batchIdx, test ? 1 : 0,
-          loss));
-    }
+    Fsdp2Native.fsdp2_strategy_test_step(handle(), batch, batchIdx, loss);
     return loss[0];
   }
 
   /** Collective: this rank's prediction, in a new tensor. */
   public Tensor predictStep(long batchIdx, Tensor... batch) {
-    try (Batch b = new Batch(batch)) {
-      long[] info = new long[2 + 8];
-      Native.check(Fsdp2Native.fsdp2j_predict_shape(handle(), b.handle, info));
-      Tensor out = Tensor.zeros((int) info[0], shapeOf(info));
-      Native.check(Fsdp2Native.fsdp2j_predict_step(handle(), b.handle, batchIdx, out.buffer(),
-          out.dtype(), out.shapeRef(), out.shapeRef().length));
-      return out;
-    }
-  }
-
-  private static long[] shapeOf(long[] info) {
-    long[] shape = new long[(int) info[1]];
-    System.arraycopy(info, 2, shape, 0, shape.length);
-    return shape;
+    long[] description = Tensor.newDescription();
+    Fsdp2Native.fsdp2_strategy_predict_shape(handle(), batch, description);
+    Tensor out = Tensor.zeros(description);
+    Fsdp2Native.fsdp2_strategy_predict_step(handle(), batch, batchIdx, out);
+    return out;
   }
 
   /** A loader over a token file: UINT8 (a text's bytes), UINT16 or INT32 tokens. */
   public TokenDataLoader tokenDataLoader(String path, int tokenDtype, long blockSize,
       long globalBatchSize, double beginFraction, double endFraction) {
     long[] out = new long[1];
-    Native.check(Fsdp2Native.fsdp2j_token_loader_create(handle(), path, tokenDtype, blockSize,
-        globalBatchSize, beginFraction, endFraction, out));
+    try (fsdp2_token_loader_options_t o = new fsdp2_token_loader_options_t()) {
+      Fsdp2Native.fsdp2_token_loader_options_init(o);
+      o.setToken_dtype(tokenDtype);
+      o.setBlock_size(blockSize);
+      o.setGlobal_batch_size(globalBatchSize);
+      o.setBegin_fraction(beginFraction);
+      o.setEnd_fraction(endFraction);
+      Fsdp2Native.fsdp2_dataloader_create_from_token_file(handle(), path, o, out);
+    }
     return new TokenDataLoader(out[0]);
   }
 
   public StepResult trainingStep(TokenDataLoader loader, long batchIdx, double gradientClipVal) {
-    double[] result = new double[3];
-    Native.check(Fsdp2Native.fsdp2j_training_step_loader(handle(), loader.nativeHandle(), batchIdx,
-        1, gradientClipVal, result));
-    return new StepResult(result);
+    try (fsdp2_step_options_t options = stepOptions(1, gradientClipVal);
+        fsdp2_step_result_t result = new fsdp2_step_result_t()) {
+      Fsdp2Native.fsdp2_strategy_training_step_loader(handle(), loader.nativeHandle(), batchIdx,
+          options, result);
+      return new StepResult(result.getLoss(), result.getGrad_norm(), result.getStep());
+    }
   }
 
   public double validationStep(TokenDataLoader loader, long batchIdx) {
     double[] loss = new double[1];
-    Native.check(Fsdp2Native.fsdp2j_validation_step_loader(handle(), loader.nativeHandle(),
-        batchIdx, loss));
+    Fsdp2Native.fsdp2_strategy_validation_step_loader(handle(), loader.nativeHandle(), batchIdx,
+        loss);
     return loss[0];
   }
 
   /** Collective: model, optimizer and counters, written atomically. */
   public void saveCheckpoint(String path) {
-    Native.check(Fsdp2Native.fsdp2j_save_checkpoint(handle(), path));
+    Fsdp2Native.fsdp2_strategy_save_checkpoint(handle(), path);
   }
 
   /** Collective: a checkpoint saved on any number of ranks. */
   public void loadCheckpoint(String path) {
-    Native.check(Fsdp2Native.fsdp2j_load_checkpoint(handle(), path));
+    Fsdp2Native.fsdp2_strategy_load_checkpoint(handle(), path);
   }
 
   public void removeCheckpoint(String path) {
-    Native.check(Fsdp2Native.fsdp2j_remove_checkpoint(handle(), path));
+    Fsdp2Native.fsdp2_strategy_remove_checkpoint(handle(), path);
   }
 
   /** This rank's optimizer state (of its shards). */
   public byte[] optimizerStateDict() {
-    long[] size = new long[1];
-    Native.check(Fsdp2Native.fsdp2j_optimizer_state_dict(handle(), size));
-    ByteBuffer buffer = ByteBuffer.allocateDirect((int) size[0]);
-    Native.check(Fsdp2Native.fsdp2j_optimizer_state_copy(buffer, size[0]));
-    byte[] bytes = new byte[(int) size[0]];
-    buffer.get(bytes);
-    return bytes;
+    byte[][] state = new byte[1][];
+    Fsdp2Native.fsdp2_strategy_optimizer_state_dict(handle(), state);
+    return state[0];
   }
 
   /** Applied at the next training step, once (deferred restoration). */
   public void loadOptimizerStateDict(byte[] state) {
-    ByteBuffer buffer = ByteBuffer.allocateDirect(state.length);
-    buffer.put(state);
-    Native.check(Fsdp2Native.fsdp2j_load_optimizer_state_dict(handle(), buffer, state.length));
+    Fsdp2Native.fsdp2_strategy_load_optimizer_state_dict(handle(), state);
   }
 
   public boolean hasPendingOptimizerState() {
     int[] pending = new int[1];
-    Native.check(Fsdp2Native.fsdp2j_has_pending_optimizer_state(handle(), pending));
+    Fsdp2Native.fsdp2_strategy_has_pending_optimizer_state(handle(), pending);
     return pending[0] != 0;
   }
 
   /** The parameters' names, in order. */
   public List<String> parameterNames() {
     long[] count = new long[1];
-    Native.check(Fsdp2Native.fsdp2j_num_parameters(handle(), count));
+    Fsdp2Native.fsdp2_strategy_num_parameters(handle(), count);
     List<String> names = new ArrayList<>();
-    int[] status = new int[1];
+    String[] name = new String[1];
     for (long i = 0; i < count[0]; ++i) {
-      String name = Fsdp2Native.fsdp2j_parameter_name(handle(), i, status);
-      Native.check(status[0]);
-      names.add(name);
+      Fsdp2Native.fsdp2_strategy_parameter_info(handle(), i, name, null);
+      names.add(name[0]);
     }
     return names;
   }
@@ -326,23 +336,20 @@ public final class FSDP2Strategy extends Handle {
   /** Collective: the full value of one parameter. */
   public Tensor getParameter(String name) {
     int index = parameterNames().indexOf(name);
-    long[] info = new long[2 + 8];
     if (index < 0) {
       // Let the library say what is wrong.
-      Native.check(Fsdp2Native.fsdp2j_get_parameter(handle(), name, ByteBuffer.allocateDirect(0),
-          Tensor.FLOAT32, new long[] {0}, 1));
+      Fsdp2Native.fsdp2_strategy_get_parameter(handle(), name, Tensor.zeros(Tensor.FLOAT32, 0));
     }
-    Native.check(Fsdp2Native.fsdp2j_parameter_shape(handle(), index, info));
-    Tensor out = Tensor.zeros((int) info[0], shapeOf(info));
-    Native.check(Fsdp2Native.fsdp2j_get_parameter(handle(), name, out.buffer(), out.dtype(),
-        out.shapeRef(), out.shapeRef().length));
+    long[] description = Tensor.newDescription();
+    Fsdp2Native.fsdp2_strategy_parameter_info(handle(), index, null, description);
+    Tensor out = Tensor.zeros(description);
+    Fsdp2Native.fsdp2_strategy_get_parameter(handle(), name, out);
     return out;
   }
 
   /** Sets one parameter from its full value (every rank passes it). */
   public void setParameter(String name, Tensor value) {
-    Native.check(Fsdp2Native.fsdp2j_set_parameter(handle(), name, value.buffer(), value.dtype(),
-        value.shapeRef(), value.shapeRef().length));
+    Fsdp2Native.fsdp2_strategy_set_parameter(handle(), name, value);
   }
 
   /** Collective: every parameter's full value, by name. */
@@ -358,21 +365,21 @@ public final class FSDP2Strategy extends Handle {
 
   /** {epoch, optimizer steps taken}. */
   public long[] currentEpochStep() {
-    long[] values = new long[2];
-    Native.check(Fsdp2Native.fsdp2j_current_epoch_step(handle(), values));
-    return values;
+    long[] epoch = new long[1], step = new long[1];
+    Fsdp2Native.fsdp2_strategy_current_epoch_step(handle(), epoch, step);
+    return new long[] {epoch[0], step[0]};
   }
 
   public void setEpoch(long epoch) {
-    Native.check(Fsdp2Native.fsdp2j_set_epoch(handle(), epoch));
+    Fsdp2Native.fsdp2_strategy_set_epoch(handle(), epoch);
   }
 
   /** Collective. */
   public void barrier() {
-    Native.check(Fsdp2Native.fsdp2j_barrier(handle()));
+    Fsdp2Native.fsdp2_strategy_barrier(handle());
   }
 
   public void teardown() {
-    Native.check(Fsdp2Native.fsdp2j_teardown(handle()));
+    Fsdp2Native.fsdp2_strategy_teardown(handle());
   }
 }

@@ -11,9 +11,9 @@ public final class Launcher {
   /** True in a process started as one rank (RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK set). */
   public static boolean isRankProcess() {
     Native.init();
-    int[] out = new int[1];
-    Native.check(Fsdp2Native.fsdp2j_is_rank_process(out));
-    return out[0] != 0;
+    int[] isRank = new int[1];
+    Fsdp2Native.fsdp2_is_rank_process(isRank);
+    return isRank[0] != 0;
   }
 
   /**
@@ -29,7 +29,7 @@ public final class Launcher {
         () -> new IllegalStateException("cannot read this JVM's command line")));
     for (String a : info.arguments().orElse(new String[0])) argv.add(a);
     int[] code = new int[1];
-    Native.check(Fsdp2Native.fsdp2j_launch_local(nproc, 0, argv.toArray(new String[0]), code));
+    Fsdp2Native.fsdp2_launch_local(nproc, 0, argv.toArray(new String[0]), code);
     return code[0];
   }
 }

@@ -26,9 +26,9 @@ public final class Model extends Handle {
     long[] out = new long[1];
     FSDP2Strategy deferred = INIT_CONTEXT.get();
     if (deferred != null) {
-      Native.check(Fsdp2Native.fsdp2j_model_create_deferred(deferred.nativeHandle(), json, out));
+      Fsdp2Native.fsdp2_model_create_deferred(deferred.nativeHandle(), json, out);
     } else {
-      Native.check(Fsdp2Native.fsdp2j_model_create(json, out));
+      Fsdp2Native.fsdp2_model_create(json, out);
     }
     return new Model(out[0]);
   }
@@ -53,15 +53,15 @@ public final class Model extends Handle {
   public static Model fromTorchScript(String path, String loss) {
     Native.init();
     long[] out = new long[1];
-    Native.check(Fsdp2Native.fsdp2j_model_load_torchscript(path, loss, out));
+    Fsdp2Native.fsdp2_model_load_torchscript(path, loss, out);
     return new Model(out[0]);
   }
 
   /** {parameter tensors, elements}, global sizes. */
   public long[] numParameters() {
-    long[] values = new long[2];
-    Native.check(Fsdp2Native.fsdp2j_model_num_parameters(handle(), values));
-    return values;
+    long[] tensors = new long[1], elements = new long[1];
+    Fsdp2Native.fsdp2_model_num_parameters(handle(), tensors, elements);
+    return new long[] {tensors[0], elements[0]};
   }
 
   long nativeHandle() {
@@ -70,6 +70,6 @@ public final class Model extends Handle {
 
   @Override
   void destroy(long handle) {
-    Fsdp2Native.fsdp2j_model_destroy(handle);
+    Fsdp2Native.fsdp2_model_destroy(handle);
   }
 }

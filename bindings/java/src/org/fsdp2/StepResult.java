@@ -9,9 +9,9 @@ public final class StepResult {
   /** Optimizer steps taken so far. */
   public final long step;
 
-  StepResult(double[] values) {
-    this.loss = values[0];
-    this.gradNorm = values[1];
-    this.step = (long) values[2];
+  StepResult(double loss, double gradNorm, long step) {
+    this.loss = loss;
+    this.gradNorm = gradNorm;
+    this.step = step;
   }
 }

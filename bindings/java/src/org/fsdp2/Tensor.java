@@ -20,6 +20,7 @@ public final class Tensor {
   public static final int UINT8 = Fsdp2NativeConstants.FSDP2_DTYPE_UINT8;
   public static final int UINT16 = Fsdp2NativeConstants.FSDP2_DTYPE_UINT16;
 
+  // The JNI layer (bindings/java/fsdp2_java.i) reads these three fields by name.
   private final ByteBuffer buffer;
   private final int dtype;
   private final long[] shape;
@@ -32,7 +33,7 @@ public final class Tensor {
     Native.init();
     checkRank(shape);
     if (!buffer.isDirect()) throw new IllegalArgumentException("the buffer must be direct");
-    long bytes = numel(shape) * Fsdp2Native.fsdp2_dtype_size(dtype);
+    long bytes = bytes(shape, dtype);
     if (Fsdp2Native.fsdp2_dtype_size(dtype) == 0) {
       throw new IllegalArgumentException("unknown dtype " + dtype);
     }
@@ -49,12 +50,27 @@ public final class Tensor {
   public static Tensor zeros(int dtype, long... shape) {
     Native.init();
     checkRank(shape);
-    long bytes = numel(shape) * Fsdp2Native.fsdp2_dtype_size(dtype);
+    long bytes = bytes(shape, dtype);
     if (bytes > Integer.MAX_VALUE) {
       throw new IllegalArgumentException("shape " + Arrays.toString(shape) + " needs " + bytes
           + " bytes, more than one ByteBuffer holds");
     }
     return new Tensor(ByteBuffer.allocateDirect((int) bytes), dtype, shape);
+  }
+
+  /**
+   * A zero-filled tensor of what the library described: {dtype, ndim,
+   * shape...}, as the JNI layer writes an fsdp2_tensor_t without data.
+   */
+  static Tensor zeros(long[] description) {
+    long[] shape = new long[(int) description[1]];
+    System.arraycopy(description, 2, shape, 0, shape.length);
+    return zeros((int) description[0], shape);
+  }
+
+  /** Room for a description: dtype, ndim and FSDP2_MAX_DIMS sizes. */
+  static long[] newDescription() {
+    return new long[2 + Fsdp2NativeConstants.FSDP2_MAX_DIMS];
   }
 
   public static Tensor ofLongs(long[] data, long... shape) {
@@ -111,11 +127,7 @@ public final class Tensor {
     return shape.clone();
   }
 
-  long[] shapeRef() {
-    return shape;
-  }
-
-  // Checked here, not by the JNI helper: its refusal would carry no C message.
+  // Checked when the tensor is made, so a bad shape is refused where it was written.
   private static void checkRank(long[] shape) {
     if (shape.length > Fsdp2NativeConstants.FSDP2_MAX_DIMS) {
       throw new IllegalArgumentException("a tensor has at most "
@@ -128,8 +140,20 @@ public final class Tensor {
     long n = 1;
     for (long s : shape) {
       if (s < 0) throw new IllegalArgumentException("negative size in " + Arrays.toString(shape));
-      n *= s;
+      n = multiply(n, s, shape);
     }
     return n;
+  }
+
+  private static long multiply(long a, long b, long[] shape) {
+    try {
+      return Math.multiplyExact(a, b);
+    } catch (ArithmeticException e) {
+      throw new IllegalArgumentException("shape " + Arrays.toString(shape) + " is too large");
+    }
+  }
+
+  private static long bytes(long[] shape, int dtype) {
+    return multiply(numel(shape), Fsdp2Native.fsdp2_dtype_size(dtype), shape);
   }
 }

@@ -10,13 +10,13 @@ public final class TokenDataLoader extends Handle {
 
   /** Global batches per epoch. */
   public long numBatches() {
-    long[] values = new long[1];
-    Native.check(Fsdp2Native.fsdp2j_loader_num_batches(handle(), values));
-    return values[0];
+    long[] count = new long[1];
+    Fsdp2Native.fsdp2_dataloader_num_batches(handle(), count);
+    return count[0];
   }
 
   public void setEpoch(long epoch) {
-    Native.check(Fsdp2Native.fsdp2j_loader_set_epoch(handle(), epoch));
+    Fsdp2Native.fsdp2_dataloader_set_epoch(handle(), epoch);
   }
 
   long nativeHandle() {
@@ -25,6 +25,6 @@ public final class TokenDataLoader extends Handle {
 
   @Override
   void destroy(long handle) {
-    Fsdp2Native.fsdp2j_loader_destroy(handle);
+    Fsdp2Native.fsdp2_dataloader_destroy(handle);
   }
 }

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.File;
+import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -14,6 +15,7 @@ import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
+import org.fsdp2.internal.Fsdp2Native;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -59,21 +61,39 @@ class FSDP2StrategyTest {
   }
 
   /**
-   * The JNI helpers' own limits (FSDP2_MAX_DIMS dimensions, 16 tensors per
-   * batch) are checked in Java: a helper's refusal would carry no C message,
-   * only a stale one from an earlier failed call.
+   * What the bindings themselves refuse (more than FSDP2_MAX_DIMS dimensions,
+   * a null batch tensor, an out-array with no room) throws a Java exception
+   * saying so, after an earlier failed call left a message in
+   * fsdp2_last_error(): never an FSDP2Exception, whose message would be that
+   * stale one.
    */
   @Test
-  void tensorsBeyondTheHelpersLimitsAreRefusedInJava() {
+  void whatTheBindingsRefuseThrowsJavaExceptions() {
     expect(Status.INVALID_ARGUMENT, "not valid JSON", () -> Model.fromConfig("{"));
     IllegalArgumentException dims = assertThrows(IllegalArgumentException.class,
         () -> Tensor.zeros(Tensor.FLOAT32, 1, 1, 1, 1, 1, 1, 1, 1, 1));
     assertTrue(dims.getMessage().contains("at most 8 dimensions"), dims.getMessage());
-    Tensor[] many = new Tensor[17];
-    for (int i = 0; i < many.length; ++i) many[i] = Tensor.zeros(Tensor.FLOAT32, 1);
-    IllegalArgumentException count = assertThrows(IllegalArgumentException.class,
-        () -> new Batch(many).close());
-    assertTrue(count.getMessage().contains("at most 16 tensors"), count.getMessage());
+    // 2^64 elements: a wrapped element count would make an empty buffer look right.
+    IllegalArgumentException huge = assertThrows(IllegalArgumentException.class,
+        () -> new Tensor(ByteBuffer.allocateDirect(0), Tensor.UINT8, 1L << 32, 1L << 32));
+    assertTrue(huge.getMessage().contains("too large"), huge.getMessage());
+    try (FSDP2Strategy s = FSDP2Strategy.builder().build()) {
+      Tensor t = Tensor.zeros(Tensor.INT64, 2, 4);
+      NullPointerException batch = assertThrows(NullPointerException.class,
+          () -> s.trainingStep(0, t, null));
+      assertEquals("batch[1] is null", batch.getMessage());
+      IllegalArgumentException room = assertThrows(IllegalArgumentException.class,
+          () -> Fsdp2Native.fsdp2_strategy_num_parameters(s.nativeHandle(), new long[0]));
+      assertTrue(room.getMessage().contains("count: the out-array needs at least 1"),
+          room.getMessage());
+      IllegalArgumentException description = assertThrows(IllegalArgumentException.class,
+          () -> Fsdp2Native.fsdp2_strategy_predict_shape(s.nativeHandle(), new Tensor[] {t},
+              new long[2]));
+      assertTrue(description.getMessage().contains("at least 10"), description.getMessage());
+      NullPointerException argv = assertThrows(NullPointerException.class,
+          () -> Fsdp2Native.fsdp2_launch_local(1, 0, new String[] {"java", null}, new int[1]));
+      assertEquals("argv[1] is null", argv.getMessage());
+    }
   }
 
   /** One strategy in this JVM (a world of one, through FSDP2_STORE_PATH). */
@@ -95,6 +115,11 @@ class FSDP2StrategyTest {
     Tensor floats = Tensor.zeros(Tensor.FLOAT32, TrainWorker.ROWS, TrainWorker.BLOCK);
     expect(Status.SHAPE, "integer tensor", () -> s.trainingStep(0, floats, targets));
     expect(Status.SHAPE, "micro-batches", () -> s.trainingStep(0, 5, 0.0, tokens, targets));
+    // A batch has no size limit of its own: 17 tensors reach the library,
+    // which refuses them with its own message, not the last failure's.
+    Tensor[] many = new Tensor[17];
+    for (int i = 0; i < many.length; ++i) many[i] = Tensor.zeros(Tensor.FLOAT32, 1);
+    expect(Status.SHAPE, "tokens must be a 2-D integer tensor", () -> s.trainingStep(0, many));
     StepResult r = s.trainingStep(0, tokens, targets);
     assertTrue(r.loss > 0 && r.loss < 10 && r.step == 1, "loss " + r.loss);
     assertTrue(s.validationStep(0, tokens, targets) > 0);
