@@ -41,7 +41,6 @@
 #include "core/flags/flags.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
-#include "core/fsdp/fsdp_unit.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
@@ -128,7 +127,7 @@ int RunGemmRank(flags::Flags& flags) {
 
 struct UnitRef {
   std::string name;
-  fsdp::FSDPUnit* unit;
+  std::shared_ptr<torch::nn::Module> module;  // a sharded module
 };
 
 int RunTrainRank(flags::Flags& flags) {
@@ -161,8 +160,8 @@ int RunTrainRank(flags::Flags& flags) {
     }
     fsdp::fully_shard(model, options);
     for (const auto& item : model->named_modules("", /*include_self=*/true)) {
-      if (auto unit = fsdp::unit_of(*item.value())) {
-        units.push_back({item.key().empty() ? "root" : item.key(), unit.get()});
+      if (fsdp::unit_of(*item.value())) {
+        units.push_back({item.key().empty() ? "root" : item.key(), item.value()});
       }
     }
   }
@@ -183,7 +182,7 @@ int RunTrainRank(flags::Flags& flags) {
   std::vector<double> step_s, forward_s, backward_s, update_s;
   for (int step = 0; step < warmup + steps; ++step) {
     if (step == warmup) {
-      for (auto& u : units) u.unit->reset_comm_wait_stats();
+      fsdp::reset_comm_wait_stats(*model);
     }
     const auto& [x, y] = batches[step % batches.size()];
     const auto start = Clock::now();
@@ -211,7 +210,7 @@ int RunTrainRank(flags::Flags& flags) {
   world->group()->all_reduce(times, comm::ReduceOp::kMax).wait();
   at::Tensor waits = at::zeros({static_cast<int64_t>(units.size()), 3}, at::kDouble);
   for (size_t i = 0; i < units.size(); ++i) {
-    const auto& s = units[i].unit->comm_wait_stats();
+    const fsdp::CommWaitStats s = fsdp::comm_wait_stats(*units[i].module);
     waits[i][0] = s.all_gather_wait_s / steps;
     waits[i][1] = s.reduce_wait_s / steps;
     waits[i][2] = s.copy_in_s / steps;

@@ -58,12 +58,11 @@
 //    throws std::logic_error saying what to call.
 //
 // Thread-safety: the guard is per thread; the log is shared and locked.
+// The log and its recording are internal/deferred_log.h; the replay is here.
 #ifndef FSDP2_CORE_FSDP_DEFERRED_INIT_H_
 #define FSDP2_CORE_FSDP_DEFERRED_INIT_H_
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
-#include <c10/util/Optional.h>
 #include <torch/nn/module.h>
 
 namespace fsdp2 {
@@ -105,17 +104,6 @@ bool has_deferred_tensors(torch::nn::Module& root);
 // a check failure (checks run before the replay).
 void materialize_module(torch::nn::Module& root);
 
-namespace internal {
-
-// The device a deferred tensor's creating op asked for; nullopt if `t` is
-// not deferred.
-c10::optional<at::Device> DeferredDevice(const at::Tensor& t);
-
-// t.set_data(data), also from a meta tensor to a real one (which set_data
-// refuses): `t` keeps its identity, autograd metadata and version counter.
-void AssignData(const at::Tensor& t, const at::Tensor& data);
-
-}  // namespace internal
 }  // namespace fsdp
 }  // namespace fsdp2
 

@@ -3,34 +3,19 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
-#include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "core/fsdp/deferred_init.h"
-#include "core/fsdp/fsdp_unit.h"
+#include "core/fsdp/internal/fsdp_param.h"
+#include "core/fsdp/internal/fsdp_param_group.h"
+#include "core/fsdp/internal/fsdp_unit.h"
+#include "core/fsdp/internal/unit_registry.h"
 
 namespace fsdp2 {
 namespace fsdp {
-
-int64_t PeakUnshardedBytes();  // fsdp_unit.cc
-void ResetPeakUnshardedBytes();
-
 namespace {
-
-// Which module each unit belongs to. Units live as long as their entry; an
-// entry whose module has died is dropped on the next registration.
-struct Registry {
-  std::mutex mu;
-  std::unordered_map<const torch::nn::Module*, std::shared_ptr<FSDPUnit>> units;
-};
-
-Registry& GetRegistry() {
-  static Registry* registry = new Registry();
-  return *registry;
-}
 
 // Collects the parameters `module` owns: its own and its descendants', except
 // those under modules that are already sharded. Tied parameters (one tensor
@@ -42,17 +27,8 @@ void CollectParams(torch::nn::Module& module, const std::string& prefix,
     const at::Tensor& t = item.value();
     if (!t.defined()) continue;
     auto [it, inserted] = by_impl.emplace(t.unsafeGetTensorImpl(), params.size());
-    if (inserted) {
-      FSDPParam p;
-      p.name = prefix + item.key();
-      p.compute = t;
-      params.push_back(std::move(p));
-    }
-    auto& slots = params[it->second].slots;
-    std::pair<torch::nn::Module*, std::string> slot{&module, item.key()};
-    if (std::find(slots.begin(), slots.end(), slot) == slots.end()) {
-      slots.push_back(slot);
-    }
+    if (inserted) params.emplace_back(prefix + item.key(), t);
+    params[it->second].add_slot(&module, item.key());
   }
   for (const auto& child : module.named_children()) {
     if (unit_of(*child.value())) continue;  // owned by an inner unit
@@ -60,35 +36,43 @@ void CollectParams(torch::nn::Module& module, const std::string& prefix,
   }
 }
 
+// Throws std::invalid_argument if one of `params` is tied to a parameter
+// that a sharded module owns: it would be sharded twice.
+void CheckNotOwnedElsewhere(const torch::nn::Module& module,
+                            const std::vector<FSDPParam>& params) {
+  for (const auto& unit : UnitRegistry::Get().live_units()) {
+    for (const FSDPParam& owned : unit->param_group().params()) {
+      for (const FSDPParam& p : params) {
+        if (p.compute().unsafeGetTensorImpl() ==
+            owned.compute().unsafeGetTensorImpl()) {
+          throw std::invalid_argument(
+              "fully_shard: parameter '" + p.name() + "' of '" + module.name() +
+              "' is tied to '" + owned.name() +
+              "', which another sharded module owns; shard the modules "
+              "that share a parameter as one unit");
+        }
+      }
+    }
+  }
+}
+
+// The FSDP parameter whose shard is `t`, and the unit that owns it.
+std::pair<FSDPUnit*, const FSDPParam*> FindShard(
+    const std::vector<FSDPUnit*>& units, const at::Tensor& t) {
+  for (FSDPUnit* unit : units) {
+    for (const FSDPParam& p : unit->param_group().params()) {
+      if (p.shard().unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        return {unit, &p};
+      }
+    }
+  }
+  return {nullptr, nullptr};
+}
+
 }  // namespace
 
-const char* ToString(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::kFullShard: return "FULL_SHARD";
-    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
-    case ShardingStrategy::kNoShard: return "NO_SHARD";
-    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
-  }
-  return "?";
-}
-
-ShardingStrategy ParseShardingStrategy(const std::string& name) {
-  std::string key;
-  for (char c : name) key += c == '-' ? '_' : static_cast<char>(std::tolower(c));
-  if (key == "full_shard") return ShardingStrategy::kFullShard;
-  if (key == "shard_grad_op") return ShardingStrategy::kShardGradOp;
-  if (key == "no_shard") return ShardingStrategy::kNoShard;
-  if (key == "hybrid_shard") return ShardingStrategy::kHybridShard;
-  throw std::invalid_argument("unknown sharding strategy '" + name +
-                              "' (expected full_shard, shard_grad_op, "
-                              "no_shard or hybrid_shard)");
-}
-
 std::shared_ptr<FSDPUnit> unit_of(const torch::nn::Module& module) {
-  Registry& registry = GetRegistry();
-  std::lock_guard<std::mutex> lock(registry.mu);
-  auto it = registry.units.find(&module);
-  return it == registry.units.end() ? nullptr : it->second;
+  return UnitRegistry::Get().find(module);
 }
 
 std::shared_ptr<FSDPUnit> fully_shard(
@@ -100,89 +84,78 @@ std::shared_ptr<FSDPUnit> fully_shard(
         "fully_shard: called inside tensor_init_context(); leave the context "
         "first, then shard (parallelize) the model");
   }
-  Registry& registry = GetRegistry();
-  {
-    std::lock_guard<std::mutex> lock(registry.mu);
-    for (auto it = registry.units.begin(); it != registry.units.end();) {
-      it = it->second->module_alive() ? std::next(it)
-                                      : registry.units.erase(it);
-    }
-    if (registry.units.count(module.get())) {
-      throw std::invalid_argument("fully_shard: module '" + module->name() +
-                                  "' is already sharded; apply fully_shard "
-                                  "once per module");
-    }
+  if (unit_of(*module)) {
+    throw std::invalid_argument("fully_shard: module '" + module->name() +
+                                "' is already sharded; apply fully_shard "
+                                "once per module");
   }
   std::vector<FSDPParam> params;
   std::unordered_map<c10::TensorImpl*, size_t> by_impl;
   CollectParams(*module, "", params, by_impl);
-  {
-    // A parameter tied to one that an inner unit owns would be sharded twice.
-    std::lock_guard<std::mutex> lock(registry.mu);
-    for (const auto& entry : registry.units) {
-      for (const auto& owned : entry.second->params()) {
-        for (const auto& p : params) {
-          if (p.compute.unsafeGetTensorImpl() ==
-              owned.compute.unsafeGetTensorImpl()) {
-            throw std::invalid_argument(
-                "fully_shard: parameter '" + p.name + "' of '" +
-                module->name() + "' is tied to '" + owned.name +
-                "', which another sharded module owns; shard the modules "
-                "that share a parameter as one unit");
-          }
-        }
-      }
-    }
-  }
+  CheckNotOwnedElsewhere(*module, params);
   auto unit = std::make_shared<FSDPUnit>(module, options, std::move(params));
-  std::lock_guard<std::mutex> lock(registry.mu);
-  registry.units[module.get()] = unit;
+  UnitRegistry::Get().add(module, unit);
   return unit;
 }
 
 void set_requires_gradient_sync(torch::nn::Module& root, bool sync) {
-  for (FSDPUnit* unit : UnitsUnder(root)) unit->set_requires_gradient_sync(sync);
+  for (FSDPUnit* unit : UnitsUnder(root)) {
+    unit->param_group().set_requires_gradient_sync(sync);
+  }
 }
 
 double clip_grad_norm_(torch::nn::Module& root, double max_norm,
-                       double norm_type) {
+                       double norm_type, const SplitParameters& split) {
   TORCH_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be positive");
   const bool inf_norm = std::isinf(norm_type);
-  // Partial norms per shard group, in unit order (the same on every rank).
+  auto combine = [&](double a, double b) { return inf_norm ? std::max(a, b) : a + b; };
+  const comm::ReduceOp op = inf_norm ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
+  const bool any_split = split.group && split.group->size() > 1;
+
+  // Partial norms per shard group (null: this rank holds whole tensors),
+  // split blocks apart from the rest. The groups follow from the model's
+  // structure, so every rank lists the same ones in the same order.
   std::vector<std::shared_ptr<comm::ProcessGroup>> groups;
-  std::vector<double> partial;
+  std::vector<double> blocks, replicated;
   std::vector<at::Tensor> grads;
-  double local_only = 0;
-  for (FSDPUnit* unit : UnitsUnder(root)) {
-    double sum = 0;
-    for (const auto& p : unit->params()) {
-      const at::Tensor& g = p.shard.grad();
-      if (!g.defined() || g.numel() == 0) continue;
-      grads.push_back(g);
-      at::Tensor gd = g.detach().to(at::kDouble).abs();
-      sum = inf_norm ? std::max(sum, gd.max().item<double>())
-                     : sum + gd.pow(norm_type).sum().item<double>();
-    }
-    const auto& group = unit->shard_group();
-    if (!group) {
-      local_only = inf_norm ? std::max(local_only, sum) : local_only + sum;
-      continue;
-    }
-    auto it = std::find(groups.begin(), groups.end(), group);
+  std::unordered_set<const c10::TensorImpl*> seen;  // tied: counted once
+  for (const auto& info : shard_info(root, /*world_rank=*/0)) {
+    if (!seen.insert(info.shard.unsafeGetTensorImpl()).second) continue;
+    auto it = std::find(groups.begin(), groups.end(), info.group);
     if (it == groups.end()) {
-      groups.push_back(group);
-      partial.push_back(sum);
-    } else {
-      double& acc = partial[it - groups.begin()];
-      acc = inf_norm ? std::max(acc, sum) : acc + sum;
+      groups.push_back(info.group);
+      blocks.push_back(0);
+      replicated.push_back(0);
+      it = groups.end() - 1;
     }
+    const at::Tensor& g = info.shard.grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    if (g.numel() == 0) continue;
+    at::Tensor gd = g.detach().to(at::kDouble).abs();
+    const double part = inf_norm ? gd.max().item<double>()
+                                 : gd.pow(norm_type).sum().item<double>();
+    const size_t i = it - groups.begin();
+    double& acc = any_split && split.names.count(info.name) ? blocks[i]
+                                                            : replicated[i];
+    acc = combine(acc, part);
   }
-  double total = local_only;
+  // One all-reduce of the block sums over the split group, then one per
+  // shard group.
+  if (any_split && !blocks.empty()) {
+    at::Tensor t = at::tensor(blocks, at::kDouble);
+    split.group->all_reduce(t, op).wait();
+    blocks.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  }
+  double total = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
-    at::Tensor t = at::full({1}, partial[i], at::kDouble);
-    groups[i]->all_reduce(t, inf_norm ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)
-        .wait();
-    total = inf_norm ? std::max(total, t.item<double>()) : total + t.item<double>();
+    double sum = combine(blocks[i], replicated[i]);
+    if (groups[i]) {
+      at::Tensor t = at::full({1}, sum, at::kDouble);
+      groups[i]->all_reduce(t, op).wait();
+      sum = t.item<double>();
+    }
+    total = combine(total, sum);
   }
   const double norm = inf_norm ? total : std::pow(total, 1.0 / norm_type);
   const double coef = max_norm / (norm + 1e-6);
@@ -196,37 +169,38 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm,
 MemoryStats memory_stats(torch::nn::Module& root) {
   MemoryStats stats;
   for (FSDPUnit* unit : UnitsUnder(root)) {
-    for (const auto& p : unit->params()) {
-      stats.sharded_param_bytes += p.shard.nbytes();
-      if (p.shard.grad().defined()) {
-        stats.sharded_grad_bytes += p.shard.grad().nbytes();
+    const FSDPParamGroup& group = unit->param_group();
+    for (const FSDPParam& p : group.params()) {
+      stats.sharded_param_bytes += p.shard().nbytes();
+      if (p.shard().grad().defined()) {
+        stats.sharded_grad_bytes += p.shard().grad().nbytes();
       }
-      int64_t numel = 1;
-      for (int64_t d : p.global_shape) numel *= d;
-      stats.total_param_numel += numel;
+      stats.total_param_numel += p.global_numel();
     }
-    stats.unsharded_param_bytes += unit->unsharded_bytes();
-    stats.unsharded_grad_bytes += unit->unsharded_grad_bytes();
+    stats.unsharded_param_bytes += group.unsharded_bytes();
+    stats.unsharded_grad_bytes += group.unsharded_grad_bytes();
   }
   return stats;
 }
 
-namespace {
+int64_t peak_unsharded_param_bytes() { return PeakUnshardedBytes(); }
+void reset_peak_unsharded_param_bytes() { ResetPeakUnshardedBytes(); }
 
-// The FSDP parameter whose shard is `t`, and the unit that owns it.
-std::pair<FSDPUnit*, const FSDPParam*> FindShard(
-    const std::vector<FSDPUnit*>& units, const at::Tensor& t) {
-  for (FSDPUnit* unit : units) {
-    for (const auto& p : unit->params()) {
-      if (p.shard.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-        return {unit, &p};
-      }
-    }
+CommWaitStats comm_wait_stats(const torch::nn::Module& module) {
+  auto unit = unit_of(module);
+  if (!unit) {
+    throw std::invalid_argument("comm_wait_stats: module '" + module.name() +
+                                "' is not sharded; pass a module that "
+                                "fully_shard was applied to");
   }
-  return {nullptr, nullptr};
+  return unit->param_group().comm_wait_stats();
 }
 
-}  // namespace
+void reset_comm_wait_stats(torch::nn::Module& root) {
+  for (FSDPUnit* unit : UnitsUnder(root)) {
+    unit->param_group().reset_comm_wait_stats();
+  }
+}
 
 std::vector<std::pair<std::string, at::Tensor>> full_state_dict(
     torch::nn::Module& root) {
@@ -257,7 +231,7 @@ void load_full_state_dict(
     }
     seen[std::find(keys.begin(), keys.end(), name) - keys.begin()] = true;
     auto [unit, p] = FindShard(units, *target);
-    const auto expected = p ? p->global_shape : target->sizes().vec();
+    const auto expected = p ? p->global_shape() : target->sizes().vec();
     if (value.sizes().vec() != expected) {
       throw std::invalid_argument(
           "load_full_state_dict: '" + name + "' has shape " +
@@ -267,10 +241,8 @@ void load_full_state_dict(
     if (p == nullptr) {
       copies.emplace_back(*target, value);
     } else {
-      copies.emplace_back(
-          p->shard, value.reshape({p->rows, p->row_numel})
-                        .narrow(0, p->row_start, p->local_rows)
-                        .reshape(p->shard.sizes()));
+      copies.emplace_back(p->shard(),
+                          p->local_rows_of(value).reshape(p->shard().sizes()));
     }
   }
   if (strict) {
@@ -299,13 +271,13 @@ std::vector<ShardInfo> shard_info(torch::nn::Module& root, int world_rank) {
       info.shard_rows = info.rows;
       info.primary = world_rank == 0;
     } else {
-      info.global_shape = p->global_shape;
-      info.rows = p->rows;
-      info.row_start = p->row_start;
-      info.local_rows = p->local_rows;
-      info.primary = unit->primary_replica();
-      info.group = unit->shard_group();
-      info.shard_rows = p->shard_rows;
+      info.global_shape = p->global_shape();
+      info.rows = p->rows();
+      info.row_start = p->row_start();
+      info.local_rows = p->local_rows();
+      info.primary = unit->param_group().primary_replica();
+      info.group = unit->param_group().shard_group();
+      info.shard_rows = p->shard_rows();
     }
     out.push_back(std::move(info));
   }
@@ -325,16 +297,10 @@ at::Tensor gather_rows(const ShardInfo& info, const at::Tensor& local) {
   return gathered.narrow(0, 0, info.rows * width).view(info.global_shape);
 }
 
-int64_t peak_unsharded_param_bytes() { return PeakUnshardedBytes(); }
-void reset_peak_unsharded_param_bytes() { ResetPeakUnshardedBytes(); }
-
 namespace internal {
 
 FSDPUnit* FindUnit(const torch::nn::Module* module) {
-  Registry& registry = GetRegistry();
-  std::lock_guard<std::mutex> lock(registry.mu);
-  auto it = registry.units.find(module);
-  return it == registry.units.end() ? nullptr : it->second.get();
+  return module ? UnitRegistry::Get().find(*module).get() : nullptr;
 }
 
 void PreForward(FSDPUnit* unit) { unit->pre_forward(); }

@@ -43,44 +43,21 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "core/comm/device_mesh.h"
+#include "core/comm/process_group.h"
+#include "core/fsdp/fsdp_options.h"
 #include "core/fsdp/mixed_precision.h"
+#include "core/fsdp/stats.h"
 
 namespace fsdp2 {
 namespace fsdp {
 
-enum class ShardingStrategy {
-  kFullShard,    // shard params/grads/optimizer state; reshard after forward
-  kShardGradOp,  // as kFullShard, but keep params unsharded until backward
-  kNoShard,      // replicate params, all-reduce grads (DDP equivalent)
-  kHybridShard,  // 2-D mesh: shard within a group, all-reduce across groups
-};
-
-const char* ToString(ShardingStrategy s);
-// Parses full_shard, shard_grad_op, no_shard, hybrid_shard (any case; '-'
-// or '_'). Throws std::invalid_argument naming the accepted values.
-ShardingStrategy ParseShardingStrategy(const std::string& name);
-
-struct FSDPOptions {
-  // The ranks to shard over. kFullShard/kShardGradOp shard over a 1-D mesh's
-  // only dim (or `shard_dim`), kNoShard replicates over it, kHybridShard needs
-  // a 2-D mesh (replicate_dim, shard_dim); default dims: first is replicate,
-  // last is shard.
-  std::shared_ptr<comm::DeviceMesh> mesh;
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  std::string shard_dim;      // default: last mesh dim
-  std::string replicate_dim;  // default: first mesh dim (kHybridShard only)
-  // Free the unsharded parameters after this module's forward. Default: true
-  // for kFullShard and kHybridShard, false otherwise. The root module (the
-  // outermost sharded module) never reshards after forward: its backward
-  // starts right away.
-  c10::optional<bool> reshard_after_forward;
-  MixedPrecisionPolicy mp_policy;
-};
-
+// The state fully_shard() attaches to a module: an opaque handle here (the
+// engine is core/fsdp/internal/, starting at fsdp_unit.h).
 class FSDPUnit;
 
 // Shards `module` (see the file comment). Throws std::invalid_argument if the
@@ -101,7 +78,8 @@ std::shared_ptr<FSDPUnit> fully_shard(
                      options);
 }
 
-// The unit fully_shard made of `module`, or nullptr.
+// The unit fully_shard made of `module`, or nullptr (also for a module
+// built where a sharded module that has since died used to live).
 std::shared_ptr<FSDPUnit> unit_of(const torch::nn::Module& module);
 
 // Turns gradient reduction on or off for every sharded module under `root`.
@@ -109,26 +87,39 @@ std::shared_ptr<FSDPUnit> unit_of(const torch::nn::Module& module);
 // the next backward with it on reduces them together with its own.
 void set_requires_gradient_sync(torch::nn::Module& root, bool sync);
 
-// Clips the gradients of all sharded parameters under `root` so that their
-// global norm (over all shards on all ranks) is at most `max_norm`, like
-// torch::nn::utils::clip_grad_norm_. Collective over the shard groups.
-// Returns the global norm before clipping.
+// Parameters whose local tensor is one block of a tensor split over `group`
+// (tensor parallelism, see core/tp): clip_grad_norm_ sums their norms over
+// `group`. Every other parameter is the same on each rank of `group` and
+// counts once.
+struct SplitParameters {
+  std::shared_ptr<comm::ProcessGroup> group;  // null or size 1: none split
+  std::unordered_set<std::string> names;  // as root.named_parameters() names them
+};
+
+// Clips the gradients of every parameter under `root` (the local shards'
+// .grad) so that their global norm is at most `max_norm`, like
+// torch::nn::utils::clip_grad_norm_ on the unsharded model: every element
+// of every parameter counts once (tied parameters too), shards summed over
+// their shard groups, `split` blocks over split.group, parameters outside
+// FSDP as this rank holds them. norm_type may be infinity. Returns the
+// global norm before clipping. Collective over the shard groups and
+// split.group.
 double clip_grad_norm_(torch::nn::Module& root, double max_norm,
-                       double norm_type = 2.0);
+                       double norm_type = 2.0,
+                       const SplitParameters& split = {});
 
 // Per-rank bytes held by the sharded modules under `root`.
-struct MemoryStats {
-  int64_t sharded_param_bytes = 0;    // local shards (optimizer's params)
-  int64_t sharded_grad_bytes = 0;     // local shards' .grad
-  int64_t unsharded_param_bytes = 0;  // all-gathered params alive now
-  int64_t unsharded_grad_bytes = 0;   // accumulated no-sync gradients
-  int64_t total_param_numel = 0;      // global (unsharded) parameter count
-};
 MemoryStats memory_stats(torch::nn::Module& root);
 // High-water mark of all-gathered parameter bytes alive at once in this
 // process since the last reset.
 int64_t peak_unsharded_param_bytes();
 void reset_peak_unsharded_param_bytes();
+
+// The communication waits of `module`'s unit since its last reset. Throws
+// std::invalid_argument if `module` is not sharded.
+CommWaitStats comm_wait_stats(const torch::nn::Module& module);
+// Resets the waits of every sharded module under `root`.
+void reset_comm_wait_stats(torch::nn::Module& root);
 
 // The full (unsharded) value of every parameter under `root`, named as
 // root.named_parameters() names them, in the parameters' own dtype (the

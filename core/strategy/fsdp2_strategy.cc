@@ -321,8 +321,7 @@ double FSDP2Strategy::optimizer_step(double max_grad_norm) {
   require_optimizer("optimizer_step");
   double norm = 0.0;
   if (max_grad_norm > 0) {
-    norm = tp_size_ > 1 ? tp::clip_grad_norm_(*module_->module(), max_grad_norm)
-                        : fsdp::clip_grad_norm_(*module_->module(), max_grad_norm);
+    norm = tp::clip_grad_norm_(*module_->module(), max_grad_norm);
   }
   optimizer_->step();
   optimizer_->zero_grad();

@@ -6,7 +6,9 @@
 // tensor-parallel parameter's blocks are summed over the tensor-parallel
 // ranks; a replicated one (LayerNorms, embeddings left out of the plan, a
 // row-wise bias), whose gradient is the same on every tensor-parallel rank,
-// is counted once. FSDP shards are summed over their shard groups.
+// is counted once. FSDP shards are summed over their shard groups. The one
+// implementation is fsdp::clip_grad_norm_; this names the tensor-parallel
+// parameters for it.
 #ifndef FSDP2_CORE_TP_CLIP_GRAD_H_
 #define FSDP2_CORE_TP_CLIP_GRAD_H_
 
@@ -19,7 +21,8 @@ namespace tp {
 // .grad) so that the global norm is at most `max_norm`; returns the norm
 // before clipping. norm_type may be infinity. Collective over the
 // tensor-parallel group and the FSDP shard groups. Without tensor-parallel
-// parameters it equals fsdp::clip_grad_norm_ on a fully sharded root.
+// parameters it is fsdp::clip_grad_norm_. Throws std::invalid_argument when
+// the tensor-parallel layers use different groups.
 double clip_grad_norm_(torch::nn::Module& root, double max_norm,
                        double norm_type = 2.0);
 

@@ -7,6 +7,8 @@
 #ifndef FSDP2_CORE_FSDP_INTERNAL_MODULE_ACCESS_H_
 #define FSDP2_CORE_FSDP_INTERNAL_MODULE_ACCESS_H_
 
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
 #include <torch/nn/module.h>
 
 namespace fsdp2 {

@@ -1,0 +1,93 @@
+// fully_shard's lifetime rules, in one process of one rank: a unit belongs to
+// the module it was made of and to no module built later at that module's
+// address, and the autograd nodes a unit attached do nothing once the unit
+// is gone.
+#include "core/fsdp/fully_shard.h"
+
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "core/comm/device_mesh.h"
+#include "core/comm/world.h"
+
+namespace fsdp2 {
+namespace fsdp {
+namespace {
+
+FSDPOptions SingleRankOptions() {
+  static std::shared_ptr<comm::DeviceMesh> mesh = [] {
+    comm::RendezvousOptions o;
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    o.store_path = std::string(tmp ? tmp : "/tmp") + "/fully_shard_test_store_" +
+                   std::to_string(getpid());
+    return comm::DeviceMesh::Create(comm::World::Init(o), {1}, {"dp"});
+  }();
+  FSDPOptions options;
+  options.mesh = mesh;
+  return options;
+}
+
+// One Linear's worth of memory that modules are built in, one at a time, so
+// that each lands where the previous one lived. The shared_ptr's control
+// block is separate, so the memory is free for the next module as soon as
+// the module dies, whoever still holds a weak_ptr.
+alignas(torch::nn::LinearImpl) unsigned char g_slot[sizeof(torch::nn::LinearImpl)];
+
+std::shared_ptr<torch::nn::LinearImpl> LinearInSlot() {
+  auto* linear = new (g_slot) torch::nn::LinearImpl(torch::nn::LinearOptions(4, 3));
+  return std::shared_ptr<torch::nn::LinearImpl>(
+      linear, [](torch::nn::LinearImpl* m) { m->~LinearImpl(); });
+}
+
+TEST(UnitOf, ANewModuleAtADeadModulesAddressIsNotSharded) {
+  auto first = LinearInSlot();
+  fully_shard(first, SingleRankOptions());
+  ASSERT_NE(unit_of(*first), nullptr);
+  first.reset();  // dies; the registry still holds its entry
+
+  auto second = LinearInSlot();
+  ASSERT_EQ(static_cast<void*>(second.get()), static_cast<void*>(g_slot))
+      << "the test needs the new module at the old one's address";
+  EXPECT_EQ(unit_of(*second), nullptr);
+
+  // fsdp::forward runs it as the plain module it is.
+  const at::Tensor x = at::randn({2, 4});
+  EXPECT_TRUE(at::equal(forward(second, x), second->forward(x)));
+
+  // And it can be sharded in its own right.
+  fully_shard(second, SingleRankOptions());
+  EXPECT_NE(unit_of(*second), nullptr);
+  second.reset();
+}
+
+TEST(UnitLifetime, BackwardAfterTheUnitIsGoneDoesNothing) {
+  auto module = std::make_shared<torch::nn::LinearImpl>(4, 3);
+  fully_shard(module, SingleRankOptions());
+  const at::Tensor x = at::randn({2, 4}).requires_grad_();
+  at::Tensor loss = forward(module, x).sum();
+  const at::Tensor shard = module->named_parameters()["weight"];
+
+  // The module dies with a graph still pointing at its unit; the next
+  // registration drops the unit.
+  std::weak_ptr<FSDPUnit> unit = unit_of(*module);
+  module.reset();
+  fully_shard(std::make_shared<torch::nn::LinearImpl>(2, 2), SingleRankOptions());
+  ASSERT_TRUE(unit.expired());
+
+  // Its pre-backward and post-backward do nothing: no gradient reaches the
+  // shard, the input's gradient is still computed.
+  loss.backward();
+  EXPECT_FALSE(shard.grad().defined());
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().sizes(), x.sizes());
+}
+
+}  // namespace
+}  // namespace fsdp
+}  // namespace fsdp2

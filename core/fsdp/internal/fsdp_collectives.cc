@@ -1,0 +1,72 @@
+#include "core/fsdp/internal/fsdp_collectives.h"
+
+#include <ATen/ATen.h>
+
+namespace fsdp2 {
+namespace fsdp {
+
+std::vector<comm::ProcessGroup::Piece> CopyInForAllGather(
+    const std::vector<FSDPParam>& params, const at::Tensor& unsharded,
+    int world, int rank) {
+  std::vector<comm::ProcessGroup::Piece> pieces;
+  pieces.reserve(params.size());
+  for (const FSDPParam& p : params) {
+    if (p.shard_numel() == 0) continue;
+    p.copy_shard_to(p.chunk_of(unsharded, world, rank));
+    pieces.push_back({p.flat_offset(), p.shard_numel()});
+  }
+  return pieces;
+}
+
+at::Tensor CopyInForReduce(const std::vector<FSDPParam>& params,
+                           std::vector<at::Tensor>& grads, int world,
+                           int64_t flat, bool padded,
+                           const at::TensorOptions& options) {
+  at::Tensor input = at::empty({world * flat}, options);
+  bool all_defined = true;
+  for (const auto& g : grads) all_defined = all_defined && g.defined();
+  if (padded || !all_defined) input.zero_();
+  const at::Tensor by_rank = input.view({world, flat});
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    params[i].copy_grad_to(grads[i], by_rank);
+    grads[i] = at::Tensor();  // copied: let it go while the rest are copied
+  }
+  return input;
+}
+
+PendingReduction ReduceGrads(
+    at::Tensor input, int64_t flat,
+    const std::shared_ptr<comm::ProcessGroup>& shard_group,
+    const std::shared_ptr<comm::ProcessGroup>& replicate_group,
+    int64_t data_parallel_size) {
+  TORCH_INTERNAL_ASSERT(shard_group || replicate_group,
+                        "ReduceGrads: nothing to reduce over");
+  const double dp = static_cast<double>(data_parallel_size);
+  PendingReduction out;
+  if (!shard_group) {
+    out.output = input;
+    replicate_group->all_reduce(out.output, comm::ReduceOp::kSum,
+                                comm::Lane::kGradient);
+    out.done = replicate_group->submit(
+        comm::Lane::kGradient, [output = out.output, dp] { output.div_(dp); });
+    return out;
+  }
+  out.output = at::empty({flat}, input.options());
+  comm::CommHandle scattered = shard_group->reduce_scatter_flat(out.output, input);
+  out.done = shard_group->submit(
+      comm::Lane::kGradient,
+      [scattered, output = out.output, replicate = replicate_group, dp] {
+        scattered.wait();
+        if (replicate) {
+          replicate->all_reduce(output, comm::ReduceOp::kSum,
+                                comm::Lane::kGradient)
+              .wait();
+        }
+        output.div_(dp);
+      });
+  return out;
+}
+
+}  // namespace fsdp
+}  // namespace fsdp2

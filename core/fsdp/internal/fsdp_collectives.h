@@ -1,0 +1,65 @@
+// fsdp2/core/fsdp/internal/fsdp_collectives.h
+//
+// The data movement around one unit's collectives (PyTorch:
+// _fsdp_collectives.py): copy-in to the all-gather buffer, and the gradient
+// pipeline (copy-in to the rank-major reduce-scatter input, reduce-scatter,
+// all-reduce across replicas, division by the data-parallel size). The
+// buffer layouts are FSDPParam's (see fsdp_param.h). Copy-out needs no copy:
+// the parameters view the unsharded buffer (FSDPParam::unsharded_view).
+//
+// Internal to core/fsdp. Called from the training thread.
+#ifndef FSDP2_CORE_FSDP_INTERNAL_FSDP_COLLECTIVES_H_
+#define FSDP2_CORE_FSDP_INTERNAL_FSDP_COLLECTIVES_H_
+
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/comm/comm_handle.h"
+#include "core/comm/process_group.h"
+#include "core/fsdp/internal/fsdp_param.h"
+
+namespace fsdp2 {
+namespace fsdp {
+
+// Copy-in for the all-gather: writes every parameter's shard, zero-padded,
+// into this rank's chunk of `unsharded` (world * flat elements) and returns
+// the pieces ProcessGroup::all_gather_pieces fills in from the other ranks
+// (a parameter with an empty chunk has none).
+std::vector<comm::ProcessGroup::Piece> CopyInForAllGather(
+    const std::vector<FSDPParam>& params, const at::Tensor& unsharded,
+    int world, int rank);
+
+// Copy-in for the reduction: a new rank-major buffer ([world * flat] of
+// `options`) holding every defined gradient in `grads` (one per parameter,
+// full size) at its parameter's place, zeros elsewhere (padding, undefined
+// gradients). Each gradient is released as soon as it has been copied.
+at::Tensor CopyInForReduce(const std::vector<FSDPParam>& params,
+                           std::vector<at::Tensor>& grads, int world,
+                           int64_t flat, bool padded,
+                           const at::TensorOptions& options);
+
+// A gradient reduction in flight: `output` ([flat], reduce dtype) holds this
+// rank's reduced, averaged gradients once `done` completes.
+struct PendingReduction {
+  at::Tensor output;
+  comm::CommHandle done;
+};
+
+// The reduction, on the gradient lane: reduce-scatter `input` over
+// `shard_group` (null: one shard, `input` becomes the output), sum over
+// `replicate_group` (null: no replicas), divide by `data_parallel_size`.
+// At least one group is non-null. `input` is scratch space afterwards.
+PendingReduction ReduceGrads(
+    at::Tensor input, int64_t flat,
+    const std::shared_ptr<comm::ProcessGroup>& shard_group,
+    const std::shared_ptr<comm::ProcessGroup>& replicate_group,
+    int64_t data_parallel_size);
+
+}  // namespace fsdp
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_FSDP_INTERNAL_FSDP_COLLECTIVES_H_

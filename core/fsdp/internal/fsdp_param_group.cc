@@ -1,0 +1,313 @@
+#include "core/fsdp/internal/fsdp_param_group.h"
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "core/fsdp/internal/deferred_log.h"
+#include "core/fsdp/internal/storage.h"
+
+namespace fsdp2 {
+namespace fsdp {
+namespace {
+
+std::atomic<int64_t> g_unsharded_bytes{0};
+std::atomic<int64_t> g_peak_unsharded_bytes{0};
+
+void AddUnshardedBytes(int64_t delta) {
+  int64_t now = g_unsharded_bytes.fetch_add(delta) + delta;
+  int64_t peak = g_peak_unsharded_bytes.load();
+  while (now > peak && !g_peak_unsharded_bytes.compare_exchange_weak(peak, now)) {
+  }
+}
+
+// Seconds since `start`, added to `total`.
+void AddSecondsSince(std::chrono::steady_clock::time_point start,
+                     double& total) {
+  total += std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                         start)
+               .count();
+}
+
+// Waits for `done`, adding the time blocked to `total`.
+void WaitTimed(const comm::CommHandle& done, double& total) {
+  const auto start = std::chrono::steady_clock::now();
+  done.wait();
+  AddSecondsSince(start, total);
+}
+
+struct Groups {
+  std::shared_ptr<comm::ProcessGroup> shard;      // null: one shard
+  std::shared_ptr<comm::ProcessGroup> replicate;  // null: no replicas
+};
+
+// The groups `options.strategy` shards and replicates over on its mesh.
+Groups PickGroups(const FSDPOptions& options) {
+  const auto& mesh = options.mesh;
+  if (!mesh) throw std::invalid_argument("fully_shard: options.mesh is null");
+  const auto& dims = mesh->dim_names();
+  auto pick = [&](const std::string& asked, const std::string& fallback) {
+    if (!asked.empty() && !mesh->has_dim(asked)) {
+      throw std::invalid_argument("fully_shard: " + mesh->ToString() +
+                                  " has no dimension '" + asked + "'");
+    }
+    return asked.empty() ? fallback : asked;
+  };
+  std::string shard_dim, replicate_dim;
+  switch (options.strategy) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+      if (mesh->ndim() != 1 && options.shard_dim.empty()) {
+        throw std::invalid_argument(
+            std::string("fully_shard: ") + ToString(options.strategy) +
+            " needs a 1-D mesh or options.shard_dim; got " + mesh->ToString());
+      }
+      shard_dim = pick(options.shard_dim, dims.back());
+      break;
+    case ShardingStrategy::kNoShard:
+      if (mesh->ndim() != 1 && options.replicate_dim.empty()) {
+        throw std::invalid_argument(
+            "fully_shard: NO_SHARD needs a 1-D mesh or options.replicate_dim; "
+            "got " + mesh->ToString());
+      }
+      replicate_dim = pick(options.replicate_dim, dims.front());
+      break;
+    case ShardingStrategy::kHybridShard:
+      if (mesh->ndim() != 2) {
+        throw std::invalid_argument(
+            "fully_shard: HYBRID_SHARD needs a 2-D mesh (replicate, shard); "
+            "got " + mesh->ToString());
+      }
+      replicate_dim = pick(options.replicate_dim, dims.front());
+      shard_dim = pick(options.shard_dim, dims.back());
+      if (replicate_dim == shard_dim) {
+        throw std::invalid_argument(
+            "fully_shard: HYBRID_SHARD needs distinct replicate and shard dims");
+      }
+      break;
+  }
+  Groups groups;
+  if (!shard_dim.empty() && mesh->size(shard_dim) > 1) {
+    groups.shard = mesh->group(shard_dim);
+  }
+  if (!replicate_dim.empty() && mesh->size(replicate_dim) > 1) {
+    groups.replicate = mesh->group(replicate_dim);
+  }
+  return groups;
+}
+
+}  // namespace
+
+int64_t PeakUnshardedBytes() { return g_peak_unsharded_bytes.load(); }
+void ResetPeakUnshardedBytes() {
+  g_peak_unsharded_bytes.store(g_unsharded_bytes.load());
+}
+
+FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
+                               const FSDPOptions& options)
+    : params_(std::move(params)) {
+  Groups groups = PickGroups(options);
+  shard_group_ = std::move(groups.shard);
+  replicate_group_ = std::move(groups.replicate);
+  if (shard_group_) {
+    shard_world_ = shard_group_->size();
+    shard_rank_ = shard_group_->rank();
+  }
+  data_parallel_size_ =
+      int64_t{shard_world_} * (replicate_group_ ? replicate_group_->size() : 1);
+
+  // dtypes and device: one flat buffer needs one of each.
+  at::ScalarType own_dtype = at::kFloat;
+  at::Device device(at::kCPU);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i].compute();
+    if (i == 0) {
+      own_dtype = p.scalar_type();
+      device = p.device();
+    } else if (p.device() != device) {
+      throw std::invalid_argument(
+          "fully_shard: parameters on different devices: '" +
+          params_[0].name() + "' on " + device.str() + ", '" +
+          params_[i].name() + "' on " + p.device().str());
+    } else if (p.scalar_type() != own_dtype) {
+      throw std::invalid_argument(
+          std::string("fully_shard: parameters of different dtypes: '") +
+          params_[0].name() + "' is " + c10::toString(own_dtype) + ", '" +
+          params_[i].name() + "' is " + c10::toString(p.scalar_type()) +
+          "; convert the module to one dtype first");
+    }
+  }
+  // Deferred (meta) parameters: compute on the device they will live on.
+  if (!params_.empty() && params_[0].compute().is_meta()) {
+    deferred_ = true;
+    device = internal::DeferredDevice(params_[0].compute()).value_or(device);
+  }
+  param_dtype_ = options.mp_policy.param_dtype.value_or(own_dtype);
+  reduce_dtype_ = options.mp_policy.reduce_dtype.value_or(param_dtype_);
+  compute_options_ = at::TensorOptions().dtype(param_dtype_).device(device);
+  alias_shards_ = shard_world_ == 1 && param_dtype_ == own_dtype;
+
+  // The per-rank flat shard, parameter after parameter, and the shards.
+  int64_t offset = 0;
+  for (FSDPParam& p : params_) {
+    p.init_layout(shard_world_, shard_rank_, offset);
+    offset += p.shard_numel();
+    has_padding_ = has_padding_ || p.padded(shard_world_);
+    p.init_shard(compute_options_);
+  }
+  flat_numel_ = offset;
+  if (!alias_shards_) {
+    unsharded_ = at::empty({shard_world_ * flat_numel_}, compute_options_);
+    internal::FreeStorage(unsharded_);
+  }
+}
+
+FSDPParamGroup::~FSDPParamGroup() {
+  if (state_ != State::kSharded && !alias_shards_) {
+    try {
+      unshard_done_.wait();
+    } catch (...) {
+    }
+    AddUnshardedBytes(-buffer_bytes());
+  }
+}
+
+int64_t FSDPParamGroup::buffer_bytes() const {
+  return alias_shards_ ? 0
+                       : shard_world_ * flat_numel_ * c10::elementSize(param_dtype_);
+}
+
+int64_t FSDPParamGroup::unsharded_bytes() const {
+  return state_ == State::kSharded ? 0 : buffer_bytes();
+}
+
+int64_t FSDPParamGroup::unsharded_grad_bytes() const {
+  int64_t n = 0;
+  for (const auto& g : no_sync_grads_) {
+    if (g.defined()) n += g.nbytes();
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------- unsharding
+
+void FSDPParamGroup::unshard_async() {
+  if (state_ != State::kSharded) return;
+  if (alias_shards_) {
+    for (FSDPParam& p : params_) p.point_compute_at_shard();
+    state_ = State::kUnsharded;
+    return;
+  }
+  internal::ReallocStorage(unsharded_, unsharded_.numel() *
+                                           unsharded_.element_size());
+  AddUnshardedBytes(buffer_bytes());
+  state_ = State::kUnshardPending;
+
+  // Copy-in straight into the unsharded buffer; the all-gather then fills
+  // the other ranks' parts in place.
+  const auto copy_start = std::chrono::steady_clock::now();
+  auto pieces = CopyInForAllGather(params_, unsharded_, shard_world_, shard_rank_);
+  AddSecondsSince(copy_start, wait_stats_.copy_in_s);
+  ++wait_stats_.all_gathers;
+  unshard_done_ = shard_group_ ? shard_group_->all_gather_pieces(
+                                     unsharded_, std::move(pieces))
+                               : comm::CommHandle();
+}
+
+void FSDPParamGroup::wait_unshard() {
+  if (state_ == State::kSharded) unshard_async();
+  if (state_ != State::kUnshardPending) return;
+  comm::CommHandle done = unshard_done_;
+  unshard_done_ = comm::CommHandle();
+  WaitTimed(done, wait_stats_.all_gather_wait_s);
+  for (FSDPParam& p : params_) {
+    p.point_compute_at_unsharded(unsharded_, shard_world_);
+  }
+  state_ = State::kUnsharded;
+}
+
+void FSDPParamGroup::reshard() {
+  if (alias_shards_ || state_ == State::kSharded) return;
+  if (state_ == State::kUnshardPending) {
+    comm::CommHandle done = unshard_done_;
+    unshard_done_ = comm::CommHandle();
+    // Never free memory a copy is still writing.
+    WaitTimed(done, wait_stats_.all_gather_wait_s);
+  }
+  for (FSDPParam& p : params_) p.free_compute(compute_options_);
+  AddUnshardedBytes(-buffer_bytes());
+  internal::FreeStorage(unsharded_);
+  state_ = State::kSharded;
+}
+
+// ------------------------------------------------------------------ reducing
+
+at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
+  const size_t n = params_.size();
+  if (!requires_grad_sync_) {
+    // Accumulate locally; a later synced backward reduces the sum.
+    no_sync_grads_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (!grads[i].defined()) continue;
+      if (no_sync_grads_[i].defined()) {
+        no_sync_grads_[i].add_(grads[i].to(reduce_dtype_));
+      } else {
+        no_sync_grads_[i] =
+            grads[i].to(reduce_dtype_, /*non_blocking=*/false, /*copy=*/true);
+      }
+    }
+    return at::Tensor();
+  }
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (i < no_sync_grads_.size() && no_sync_grads_[i].defined()) {
+      grads[i] = grads[i].defined()
+                     ? no_sync_grads_[i].add_(grads[i].to(reduce_dtype_))
+                     : no_sync_grads_[i];
+    }
+    any = any || grads[i].defined();
+  }
+  no_sync_grads_.clear();
+  if (!any) return at::Tensor();  // nothing reached this unit
+
+  const auto copy_start = std::chrono::steady_clock::now();
+  if (!shard_group_ && !replicate_group_) {
+    // One rank and no replicas: nothing to reduce, so no flat buffer.
+    for (size_t i = 0; i < n; ++i) {
+      FSDPParam& p = params_[i];
+      if (!grads[i].defined() || !p.requires_grad()) continue;
+      p.accumulate_grad(grads[i].to(reduce_dtype_).reshape(p.shard().sizes()));
+    }
+    AddSecondsSince(copy_start, wait_stats_.copy_in_s);
+    return at::Tensor();
+  }
+  at::Tensor input =
+      CopyInForReduce(params_, grads, shard_world_, flat_numel_, has_padding_,
+                      compute_options_.dtype(reduce_dtype_));
+  AddSecondsSince(copy_start, wait_stats_.copy_in_s);
+  ++wait_stats_.reductions;
+  return input;
+}
+
+void FSDPParamGroup::start_reduction(at::Tensor input) {
+  reduction_ = ReduceGrads(std::move(input), flat_numel_, shard_group_,
+                           replicate_group_, data_parallel_size_);
+  reduction_pending_ = true;
+}
+
+void FSDPParamGroup::finish_reduction() {
+  if (!reduction_pending_) return;
+  reduction_pending_ = false;
+  PendingReduction reduction = std::move(reduction_);
+  reduction_ = PendingReduction();
+  WaitTimed(reduction.done, wait_stats_.reduce_wait_s);
+  for (FSDPParam& p : params_) {
+    if (p.requires_grad()) p.accumulate_grad(p.reduced_grad_view(reduction.output));
+  }
+}
+
+}  // namespace fsdp
+}  // namespace fsdp2

@@ -1,0 +1,131 @@
+// fsdp2/core/fsdp/internal/fsdp_param_group.h
+//
+// FSDPParamGroup: one unit's parameters, communicated together (PyTorch:
+// _fsdp_param_group.py). It owns
+//  - the process groups the unit shards over and replicates over, picked
+//    from the options' mesh and strategy;
+//  - the unsharded buffer: every parameter at full size in param_dtype, one
+//    all-gather fills it. Its storage is allocated by unshard_async() and
+//    freed by reshard() in place, so the views autograd saved stay valid;
+//  - the gradient reduction: local accumulation while gradient sync is off,
+//    the reduce-scatter / all-reduce in flight, and writing the shards'
+//    .grad when it is finished.
+//
+// Unsharding is a small state machine, each step a no-op where it has
+// nothing to do: sharded -> unshard_async() -> all-gather pending ->
+// wait_unshard() -> unsharded -> reshard() -> sharded. With one rank and no
+// dtype change there is no buffer: the parameters view the shards.
+//
+// Internal to core/fsdp. Not thread-safe: the training thread (and the
+// autograd engine's callbacks on it) owns it; collectives run on the process
+// groups' lanes.
+#ifndef FSDP2_CORE_FSDP_INTERNAL_FSDP_PARAM_GROUP_H_
+#define FSDP2_CORE_FSDP_INTERNAL_FSDP_PARAM_GROUP_H_
+
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/comm/comm_handle.h"
+#include "core/comm/process_group.h"
+#include "core/fsdp/fsdp_options.h"
+#include "core/fsdp/internal/fsdp_collectives.h"
+#include "core/fsdp/internal/fsdp_param.h"
+#include "core/fsdp/stats.h"
+
+namespace fsdp2 {
+namespace fsdp {
+
+class FSDPParamGroup {
+ public:
+  // Takes the unit's parameters (full size, registered in their modules)
+  // and shards them: each module then holds this rank's shards. Throws
+  // std::invalid_argument when the options do not fit the mesh, or the
+  // parameters are on different devices or of different dtypes.
+  FSDPParamGroup(std::vector<FSDPParam> params, const FSDPOptions& options);
+  ~FSDPParamGroup();  // waits for an all-gather in flight
+  FSDPParamGroup(const FSDPParamGroup&) = delete;
+  FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
+
+  // ---- unshard / reshard (see the file comment)
+  void unshard_async();  // starts the all-gather (copy-in, then collective)
+  void wait_unshard();   // finishes it; the parameters view the buffer
+  void reshard();        // frees the buffer (after an all-gather in flight)
+
+  // ---- gradient reduction
+  // Takes one full-size gradient per parameter (undefined: none reached it)
+  // and returns the reduce-scatter input for start_reduction(), or an
+  // undefined tensor when there is nothing to communicate: gradient sync is
+  // off (the gradients are accumulated for the next synced backward), no
+  // gradient is defined, or there is one rank and no replica (the gradients
+  // go straight to the shards' .grad, cast as a reduction would).
+  at::Tensor prepare_reduction(std::vector<at::Tensor> grads);
+  // Issues the reduction of `input` on the gradient lane.
+  void start_reduction(at::Tensor input);
+  // Waits for the reduction in flight, if any, and adds it to the shards'
+  // .grad (frozen parameters get none).
+  void finish_reduction();
+
+  void set_requires_gradient_sync(bool sync) { requires_grad_sync_ = sync; }
+  // Whether the shards are still meta tensors awaiting materialize_module()
+  // (which clears it).
+  bool deferred() const { return deferred_; }
+  void set_deferred(bool deferred) { deferred_ = deferred; }
+
+  const std::vector<FSDPParam>& params() const { return params_; }
+  const std::shared_ptr<comm::ProcessGroup>& shard_group() const {
+    return shard_group_;  // null: one shard
+  }
+  int shard_world() const { return shard_world_; }
+  // Whether this rank is the first replica of its shards.
+  bool primary_replica() const {
+    return !replicate_group_ || replicate_group_->rank() == 0;
+  }
+  int64_t buffer_bytes() const;     // size of the unsharded buffer
+  int64_t unsharded_bytes() const;  // buffer_bytes() while unsharded, else 0
+  int64_t unsharded_grad_bytes() const;  // accumulated while sync is off
+  const CommWaitStats& comm_wait_stats() const { return wait_stats_; }
+  void reset_comm_wait_stats() { wait_stats_ = CommWaitStats(); }
+
+ private:
+  enum class State { kSharded, kUnshardPending, kUnsharded };
+
+  std::vector<FSDPParam> params_;
+  std::shared_ptr<comm::ProcessGroup> shard_group_;      // null: world 1
+  std::shared_ptr<comm::ProcessGroup> replicate_group_;  // null: world 1
+  int shard_world_ = 1;
+  int shard_rank_ = 0;
+  int64_t data_parallel_size_ = 1;  // shard world * replicas
+  at::ScalarType param_dtype_;
+  at::ScalarType reduce_dtype_;
+  at::TensorOptions compute_options_;  // param_dtype on the device
+  int64_t flat_numel_ = 0;             // per-rank flat shard, padded
+  bool has_padding_ = false;
+  // World 1 with no dtype change: compute tensors alias the shards.
+  bool alias_shards_ = false;
+  bool requires_grad_sync_ = true;
+  bool deferred_ = false;
+
+  State state_ = State::kSharded;
+  at::Tensor unsharded_;  // [world * flat_numel_], storage freed when sharded
+  comm::CommHandle unshard_done_;
+
+  std::vector<at::Tensor> no_sync_grads_;  // unsharded, reduce dtype
+  PendingReduction reduction_;
+  bool reduction_pending_ = false;
+
+  CommWaitStats wait_stats_;
+};
+
+// High-water mark of the unsharded buffers alive at once in this process
+// since the last reset (bytes), and its reset to what is alive now.
+int64_t PeakUnshardedBytes();
+void ResetPeakUnshardedBytes();
+
+}  // namespace fsdp
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_FSDP_INTERNAL_FSDP_PARAM_GROUP_H_

@@ -1,0 +1,103 @@
+// fsdp2/core/fsdp/internal/fsdp_unit.h
+//
+// FSDPUnit: the state fully_shard() attaches to one module (PyTorch: the
+// per-module FSDPState), and the FSDP2 protocol that fsdp::forward() and the
+// autograd engine drive through it:
+//
+//   pre_forward    (the root first starts the pass) all-gather, prefetch the
+//                  next unit, attach the backward node that will receive
+//                  the unsharded gradients
+//   post_forward   reshard if asked, hook pre_backward onto the outputs
+//   pre_backward   all-gather again if resharded, prefetch the unit whose
+//                  backward comes next
+//   post_backward  (all gradients of the unit are ready) free the unsharded
+//                  parameters, reduce the gradients on the gradient lane
+//   end_backward   (the root's end-of-backward callback) finish the
+//                  reduction, reshard, forget this backward's node
+//
+// The unit's parameters and their communication are its FSDPParamGroup
+// (fsdp_param_group.h); what spans the module tree (order, prefetch,
+// reductions in flight, end of backward) is the root's FSDPRootState
+// (fsdp_root_state.h), which the first unit a forward enters creates.
+//
+// Lifetime: fully_shard's registry owns a unit while its module lives. The
+// autograd nodes a unit attaches (PostBackward, PreBackward) hold it weakly:
+// once the unit is gone they do nothing.
+//
+// Internal to core/fsdp: users reach it through fully_shard.h. Not
+// thread-safe: one training thread per process.
+#ifndef FSDP2_CORE_FSDP_INTERNAL_FSDP_UNIT_H_
+#define FSDP2_CORE_FSDP_INTERNAL_FSDP_UNIT_H_
+
+#include "core/fsdp/internal/visibility.h"  // private to core/fsdp
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/fsdp/fsdp_options.h"
+#include "core/fsdp/internal/fsdp_param.h"
+#include "core/fsdp/internal/fsdp_param_group.h"
+#include "core/fsdp/internal/fsdp_root_state.h"
+
+namespace fsdp2 {
+namespace fsdp {
+
+class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
+ public:
+  // Shards `params` (collected from `module`'s tree) as `options` say; see
+  // FSDPParamGroup for the errors.
+  FSDPUnit(const std::shared_ptr<torch::nn::Module>& module,
+           const FSDPOptions& options, std::vector<FSDPParam> params);
+
+  // ---- the protocol (see the file comment)
+  // Throws std::logic_error while the parameters are deferred (on meta).
+  void pre_forward();
+  // `t` cast to param_dtype when the policy asks for it.
+  at::Tensor cast_input(const at::Tensor& t) const;
+  std::vector<at::Tensor> post_forward(std::vector<at::Tensor> outputs);
+  void abort_forward();  // the forward threw: reshard, leave nothing half-done
+  void pre_backward();
+  // `node` is the node that received the gradients; stale nodes are ignored.
+  // Takes the gradients: each is released as soon as it has been copied
+  // into the reduction buffer.
+  void post_backward(const torch::autograd::Node* node,
+                     std::vector<at::Tensor> unsharded_grads);
+  void end_backward();
+
+  FSDPParamGroup& param_group() { return group_; }
+  const FSDPParamGroup& param_group() const { return group_; }
+  torch::nn::Module* module() const { return module_; }
+  bool module_alive() const { return !module_alive_.expired(); }
+  // Every unit in this unit's module tree, this one first, in module order.
+  std::vector<FSDPUnit*> units_in_tree() const;
+
+ private:
+  std::shared_ptr<FSDPRootState> init_as_root();
+  void attach_grad_node();
+  void prefetch(FSDPUnit* next);  // start `next`'s all-gather (null: none)
+
+  torch::nn::Module* module_;
+  std::weak_ptr<torch::nn::Module> module_alive_;
+  FSDPOptions options_;
+  bool reshard_after_forward_ = true;
+  FSDPParamGroup group_;
+  std::vector<size_t> grad_params_;  // params that require grad: node inputs
+
+  // Backward state for the current step.
+  std::shared_ptr<torch::autograd::Node> grad_node_;
+  bool grad_node_fired_ = false;
+  bool pre_backward_done_ = false;
+
+  // Set at the first forward: the root owns its FSDPRootState, every unit
+  // of its tree (the root too) points at it.
+  std::shared_ptr<FSDPRootState> root_state_;  // the root only
+  std::weak_ptr<FSDPRootState> root_;
+};
+
+}  // namespace fsdp
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_FSDP_INTERNAL_FSDP_UNIT_H_

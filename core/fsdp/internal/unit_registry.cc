@@ -1,0 +1,73 @@
+#include "core/fsdp/internal/unit_registry.h"
+
+#include <stdexcept>
+
+namespace fsdp2 {
+namespace fsdp {
+namespace {
+
+// Whether `entry` still describes the module at `address`.
+template <typename Entry>
+bool Alive(const Entry& entry, const torch::nn::Module* address) {
+  auto module = entry.module.lock();
+  return module && module.get() == address;
+}
+
+}  // namespace
+
+UnitRegistry& UnitRegistry::Get() {
+  static UnitRegistry* registry = new UnitRegistry();
+  return *registry;
+}
+
+std::shared_ptr<FSDPUnit> UnitRegistry::find(const torch::nn::Module& module) {
+  std::shared_ptr<FSDPUnit> dead;  // destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(&module);
+  if (it == entries_.end()) return nullptr;
+  if (Alive(it->second, &module)) return it->second.unit;
+  dead = std::move(it->second.unit);
+  entries_.erase(it);
+  return nullptr;
+}
+
+void UnitRegistry::add(const std::shared_ptr<torch::nn::Module>& module,
+                       std::shared_ptr<FSDPUnit> unit) {
+  std::vector<std::shared_ptr<FSDPUnit>> dead;  // destroyed after the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (Alive(it->second, it->first)) {
+      ++it;
+    } else {
+      dead.push_back(std::move(it->second.unit));
+      it = entries_.erase(it);
+    }
+  }
+  if (entries_.count(module.get())) {
+    throw std::invalid_argument("fully_shard: module '" + module->name() +
+                                "' is already sharded; apply fully_shard "
+                                "once per module");
+  }
+  entries_[module.get()] = Entry{module, std::move(unit)};
+}
+
+std::vector<std::shared_ptr<FSDPUnit>> UnitRegistry::live_units() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<FSDPUnit>> units;
+  for (const auto& [address, entry] : entries_) {
+    if (Alive(entry, address)) units.push_back(entry.unit);
+  }
+  return units;
+}
+
+std::vector<FSDPUnit*> UnitsUnder(torch::nn::Module& root) {
+  UnitRegistry& registry = UnitRegistry::Get();
+  std::vector<FSDPUnit*> units;
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    if (auto unit = registry.find(*m)) units.push_back(unit.get());
+  }
+  return units;
+}
+
+}  // namespace fsdp
+}  // namespace fsdp2

@@ -1,0 +1,37 @@
+// fsdp2/core/fsdp/stats.h
+//
+// What the sharded modules hold and how long their communication made the
+// training thread wait: plain values that fully_shard.h's memory_stats() and
+// comm_wait_stats() return, for logs and benchmarks.
+#ifndef FSDP2_CORE_FSDP_STATS_H_
+#define FSDP2_CORE_FSDP_STATS_H_
+
+#include <cstdint>
+
+namespace fsdp2 {
+namespace fsdp {
+
+// Per-rank bytes held by the sharded modules under a root.
+struct MemoryStats {
+  int64_t sharded_param_bytes = 0;    // local shards (optimizer's params)
+  int64_t sharded_grad_bytes = 0;     // local shards' .grad
+  int64_t unsharded_param_bytes = 0;  // all-gathered params alive now
+  int64_t unsharded_grad_bytes = 0;   // accumulated no-sync gradients
+  int64_t total_param_numel = 0;      // global (unsharded) parameter count
+};
+
+// Time the training thread spent on one sharded module's communication since
+// the last reset: blocked waiting for collectives that compute did not hide,
+// and copying into the flat buffers. Costs two clock reads per wait.
+struct CommWaitStats {
+  double all_gather_wait_s = 0;  // unshard: all-gather and copy-out
+  double reduce_wait_s = 0;      // gradient reduce-scatter / all-reduce
+  double copy_in_s = 0;          // copy-in to the all-gather/reduce buffers
+  int64_t all_gathers = 0;
+  int64_t reductions = 0;
+};
+
+}  // namespace fsdp
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_FSDP_STATS_H_
