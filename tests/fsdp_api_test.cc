@@ -4,6 +4,7 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
 
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
@@ -188,6 +189,58 @@ TEST(FullyShard, ShardLayoutAndStateDictOnManyRanks) {
   for (int n : {1, 2, 3, 4}) {
     auto r = LaunchScenario("shard_layout", n, {}, std::chrono::seconds(120));
     EXPECT_TRUE(r.ok()) << "world " << n << "\n" << r.Describe();
+  }
+}
+
+// Steady-state training takes no unit-sized buffer from the system: from
+// the second step on, every unsharded buffer and reduction buffer is one
+// the engine's pool kept from the step before, and none stays in use
+// between steps.
+FSDP2_SCENARIO(steady_state_buffers) {
+  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  torch::manual_seed(5);
+  models::GPTConfig config = TinyGPT();
+  config.n_embd = 256;  // a block's buffers are a few MiB: pooled sizes
+  config.n_head = 4;
+  config.n_layer = 2;
+  models::GPT gpt(config);
+  fsdp::FSDPOptions o = DataParallelOptions(world);
+  o.strategy = fsdp::ParseShardingStrategy(args.at(0));
+  for (size_t i = 0; i < gpt->blocks->size(); ++i) fsdp::fully_shard(gpt->block(i), o);
+  fsdp::fully_shard(gpt, o);
+  torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(1e-3));
+  const auto tokens = TokenWindows(config.vocab_size, 2);
+  // The first step runs without forward prefetch (no order known yet), so
+  // the second may hold one more buffer at once; from then on, none is new.
+  fsdp::BufferPoolStats after_second;
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad();
+    models::LanguageModelLoss(fsdp::forward(gpt, tokens[0]), tokens[1]).backward();
+    opt.step();
+    const auto stats = fsdp::buffer_pool_stats();
+    Check(stats.in_use_bytes == 0, "step " + std::to_string(step) + ": " +
+                                       std::to_string(stats.in_use_bytes) +
+                                       " pooled bytes still in use between steps");
+    if (step == 0) {
+      Check(stats.allocations > 0, "the first step takes its buffers from the system");
+    } else if (step == 1) {
+      after_second = stats;
+    } else {
+      Check(stats.allocations == after_second.allocations,
+            "step " + std::to_string(step) + " allocated " +
+                std::to_string(stats.allocations - after_second.allocations) +
+                " unit-sized buffers anew");
+      Check(stats.reuses > after_second.reuses, "buffers are reused");
+    }
+  }
+  fsdp::release_buffer_pool();
+  Check(fsdp::buffer_pool_stats().kept_bytes == 0, "release_buffer_pool frees what it kept");
+}
+
+TEST(FullyShard, SteadyStateTrainingAllocatesNoUnitBuffers) {
+  for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"}) {
+    auto r = LaunchScenario("steady_state_buffers", 2, {strategy}, std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << strategy << "\n" << r.Describe();
   }
 }
 

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "core/fsdp/deferred_init.h"
+#include "core/fsdp/internal/buffer_pool.h"
 #include "core/fsdp/internal/fsdp_param.h"
 #include "core/fsdp/internal/fsdp_param_group.h"
 #include "core/fsdp/internal/fsdp_unit.h"
@@ -185,6 +186,9 @@ MemoryStats memory_stats(torch::nn::Module& root) {
 
 int64_t peak_unsharded_param_bytes() { return PeakUnshardedBytes(); }
 void reset_peak_unsharded_param_bytes() { ResetPeakUnshardedBytes(); }
+
+BufferPoolStats buffer_pool_stats() { return internal::BufferPool::Get().stats(); }
+void release_buffer_pool() { internal::BufferPool::Get().release(); }
 
 CommWaitStats comm_wait_stats(const torch::nn::Module& module) {
   auto unit = unit_of(module);

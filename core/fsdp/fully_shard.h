@@ -115,6 +115,12 @@ MemoryStats memory_stats(torch::nn::Module& root);
 int64_t peak_unsharded_param_bytes();
 void reset_peak_unsharded_param_bytes();
 
+// The engine's buffer pool (see BufferPoolStats), and a way to give the
+// buffers it keeps for the next step back to the system, e.g. after
+// training. Thread-safe.
+BufferPoolStats buffer_pool_stats();
+void release_buffer_pool();
+
 // The communication waits of `module`'s unit since its last reset. Throws
 // std::invalid_argument if `module` is not sharded.
 CommWaitStats comm_wait_stats(const torch::nn::Module& module);

@@ -1,8 +1,8 @@
 // fsdp2/core/fsdp/stats.h
 //
 // What the sharded modules hold and how long their communication made the
-// training thread wait: plain values that fully_shard.h's memory_stats() and
-// comm_wait_stats() return, for logs and benchmarks.
+// training thread wait: plain values that fully_shard.h's memory_stats(),
+// comm_wait_stats() and buffer_pool_stats() return, for logs and benchmarks.
 #ifndef FSDP2_CORE_FSDP_STATS_H_
 #define FSDP2_CORE_FSDP_STATS_H_
 
@@ -29,6 +29,16 @@ struct CommWaitStats {
   double copy_in_s = 0;          // copy-in to the all-gather/reduce buffers
   int64_t all_gathers = 0;
   int64_t reductions = 0;
+};
+
+// The engine's pool of unit-sized host buffers (unsharded parameters,
+// gradient reduction buffers), process-wide. In steady-state training
+// `allocations` stops growing: every step reuses the buffers of the last.
+struct BufferPoolStats {
+  int64_t allocations = 0;   // buffers taken from the system
+  int64_t reuses = 0;        // requests served by a kept buffer
+  int64_t in_use_bytes = 0;  // handed out, not yet freed
+  int64_t kept_bytes = 0;    // freed, kept for the next request of their size
 };
 
 }  // namespace fsdp

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "core/fsdp/internal/buffer_pool.h"
+
 namespace fsdp2 {
 namespace fsdp {
 
@@ -22,7 +24,7 @@ at::Tensor CopyInForReduce(const std::vector<FSDPParam>& params,
                            std::vector<at::Tensor>& grads, int world,
                            int64_t flat, bool padded,
                            const at::TensorOptions& options) {
-  at::Tensor input = at::empty({world * flat}, options);
+  at::Tensor input = internal::BufferPool::Get().empty({world * flat}, options);
   bool all_defined = true;
   for (const auto& g : grads) all_defined = all_defined && g.defined();
   if (padded || !all_defined) input.zero_();
@@ -52,7 +54,7 @@ PendingReduction ReduceGrads(
         comm::Lane::kGradient, [output = out.output, dp] { output.div_(dp); });
     return out;
   }
-  out.output = at::empty({flat}, input.options());
+  out.output = internal::BufferPool::Get().empty({flat}, input.options());
   comm::CommHandle scattered = shard_group->reduce_scatter_flat(out.output, input);
   out.done = shard_group->submit(
       comm::Lane::kGradient,

@@ -33,7 +33,7 @@ std::vector<comm::ProcessGroup::Piece> CopyInForAllGather(
     const std::vector<FSDPParam>& params, const at::Tensor& unsharded,
     int world, int rank);
 
-// Copy-in for the reduction: a new rank-major buffer ([world * flat] of
+// Copy-in for the reduction: a rank-major buffer from the engine's pool ([world * flat] of
 // `options`) holding every defined gradient in `grads` (one per parameter,
 // full size) at its parameter's place, zeros elsewhere (padding, undefined
 // gradients). Each gradient is released as soon as it has been copied.

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/fsdp/internal/buffer_pool.h"
 #include "core/fsdp/internal/deferred_log.h"
 #include "core/fsdp/internal/storage.h"
 
@@ -160,7 +161,10 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
   }
   flat_numel_ = offset;
   if (!alias_shards_) {
-    unsharded_ = at::empty({shard_world_ * flat_numel_}, compute_options_);
+    // From the engine's pool: re-allocating its storage at each unshard
+    // then reuses the buffer freed at the last reshard.
+    unsharded_ = internal::BufferPool::Get().empty({shard_world_ * flat_numel_},
+                                                   compute_options_);
     internal::FreeStorage(unsharded_);
   }
 }
