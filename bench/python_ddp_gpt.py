@@ -3,16 +3,20 @@
 core/models/gpt.cc, for bench/train_bench.cc's comparison.
 
 Each rank trains its slice of one global batch of random tokens with AdamW
-and clipping at 1.0, like the C++ benchmark. Prints `torch_version V` and
-`median_step_s S` (the slowest rank's time per step, median over steps).
+and clipping at 1.0, like the C++ benchmark. Prints `torch_version V`,
+`median_step_s S` (the slowest rank's time per step, median over steps) and
+`peak_rss_mib M` (the largest peak resident set over the ranks). With
+`--bf16 1` forward and loss run under CPU bf16 autocast (PyTorch's own mixed
+precision: fp32 parameters, gradients and all-reduce).
 
-    python3 bench/python_ddp_gpt.py --nproc 2
+    python3 bench/python_ddp_gpt.py --nproc 2 [--threads 1] [--bf16 1]
 
 Needs Debian's python3-torch (apt-get install python3-torch).
 """
 import argparse
 import math
 import os
+import resource
 import statistics
 import time
 
@@ -62,7 +66,7 @@ class GPT(nn.Module):
 
 
 def run(rank, a, port):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.nproc))
+    torch.set_num_threads(a.threads or max(1, (os.cpu_count() or 1) // a.nproc))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=a.nproc)
     torch.manual_seed(1337)
@@ -82,17 +86,23 @@ def run(rank, a, port):
         x, y = batches[step % len(batches)]
         start = time.perf_counter()
         opt.zero_grad()
-        logits = ddp(x)
-        F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(a.bf16)):
+            logits = ddp(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step >= a.warmup:
             times.append(time.perf_counter() - start)
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0],
+                        dtype=torch.float64)  # ru_maxrss is in KiB on Linux
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     if rank == 0:
         print("torch_version", torch.__version__, flush=True)
         print("median_step_s", statistics.median(t.tolist()), flush=True)
+        print("peak_rss_mib", peak.item(), flush=True)
     dist.destroy_process_group()
 
 
@@ -100,7 +110,8 @@ def main():
     p = argparse.ArgumentParser()
     for name, default in [("nproc", 2), ("steps", 20), ("warmup", 3), ("n-layer", 4),
                           ("n-embd", 128), ("n-head", 4), ("block-size", 64),
-                          ("vocab-size", 256), ("global-batch", 16)]:
+                          ("vocab-size", 256), ("global-batch", 16),
+                          ("threads", 0), ("bf16", 0)]:
         p.add_argument("--" + name, type=int, default=default)
     a = p.parse_args()
     import socket

@@ -23,216 +23,36 @@
 // With --python-ddp 1 (or auto when python3 can import torch) it also runs
 // bench/python_ddp_gpt.py, PyTorch's own DDP on gloo, on the same model and
 // global batch, and prints its tokens/s beside the engine's.
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Parallel.h>
-#include <torch/types.h>
-#include <torch/nn/utils/clip_grad.h>
-
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/train_rank.h"
 #include "core/flags/flags.h"
-#include "core/comm/device_mesh.h"
-#include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
-#include "core/models/gpt.h"
-#include "core/models/gpt_module.h"
 
 namespace fsdp2 {
 namespace bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 const char* kUsage =
     "usage: bazel run -c opt //bench:train -- [--flag value ...]\n"
     "Training speed of the engine against one process and PyTorch's DDP.\n";
 
-double Seconds(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// The model (the main job's GPT unless flags say otherwise) and the global
-// batch.
-struct ModelFlags {
-  models::GPTConfig config;
-  int64_t global_batch = 16;
-};
-
-ModelFlags ReadModelFlags(flags::Flags& flags) {
-  models::GPTConfig main_job;  // examples/train_gpt.cc's defaults
-  main_job.n_layer = 4;
-  main_job.n_embd = 128;
-  main_job.n_head = 4;
-  main_job.block_size = 64;
-  main_job.vocab_size = 256;
+// The main job's GPT (examples/train_gpt.cc's defaults) and batch.
+ModelFlags MainJobModel() {
   ModelFlags m;
-  m.config = ReadGPTConfig(flags, main_job);
-  m.global_batch = flags.Int("global-batch", m.global_batch, "sequences per step, all ranks");
+  m.config.n_layer = 4;
+  m.config.n_embd = 128;
+  m.config.n_head = 4;
+  m.config.block_size = 64;
+  m.config.vocab_size = 256;
+  m.global_batch = 16;
   return m;
-}
-
-// The flags ReadModelFlags reads, for a rank's or python_ddp_gpt.py's
-// command line.
-std::vector<std::string> ModelArgs(const ModelFlags& m) {
-  std::vector<std::string> args = GPTConfigArgs(m.config);
-  args.push_back("--global-batch");
-  args.push_back(std::to_string(m.global_batch));
-  return args;
-}
-
-// Model FLOPs of one training step on `tokens` tokens: 6 per matmul weight
-// per token (forward 2, backward 4; the tied head counts as a matmul) plus
-// the attention scores and weighted sum (12 x layers x T x C per token).
-double StepFlops(const models::GPTConfig& c, int64_t tokens) {
-  const double C = c.n_embd;
-  const double matmul_params =
-      c.n_layer * (12.0 * C * C) + double(c.vocab_size) * C;
-  return tokens * (6.0 * matmul_params + 12.0 * c.n_layer * c.block_size * C);
-}
-
-int ThreadsFromLauncher() {
-  const char* env = std::getenv("FSDP2_THREADS");
-  return env ? std::max(1, std::atoi(env)) : 1;
-}
-
-// ---------------------------------------------------------------- ranks
-
-// GEMM throughput of this process's threads: fp32 n x n matmuls.
-int RunGemmRank(flags::Flags& flags) {
-  const int64_t n = flags.Int("gemm-size", 2048, "n of the n x n matmuls");
-  flags.Finish();
-  at::set_num_threads(ThreadsFromLauncher());
-  at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
-  std::vector<double> gflops;
-  for (int i = 0; i < 7; ++i) {
-    const auto start = Clock::now();
-    at::mm_out(c, a, b);
-    const double s = Seconds(start);
-    if (i >= 2) gflops.push_back(2.0 * n * n * n / s / 1e9);
-  }
-  WriteResult("gemm_gflops", Median(gflops));
-  std::printf("gemm %lldx%lld, %d threads: %.1f GFLOP/s\n", (long long)n,
-              (long long)n, at::get_num_threads(), Median(gflops));
-  return 0;
-}
-
-struct UnitRef {
-  std::string name;
-  std::shared_ptr<torch::nn::Module> module;  // a sharded module
-};
-
-int RunTrainRank(flags::Flags& flags) {
-  const ModelFlags m = ReadModelFlags(flags);
-  const std::string strategy =
-      flags.String("strategy", "full_shard", "single (no engine) or a sharding strategy");
-  const int steps = flags.Int("steps", 20, "timed steps");
-  const int warmup = flags.Int("warmup", 3, "untimed steps first");
-  flags.Finish();
-  at::set_num_threads(ThreadsFromLauncher());
-
-  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
-  const int rank = world->rank(), n = world->size();
-  if (m.global_batch % n != 0) {
-    throw std::invalid_argument("--global-batch must be a multiple of the ranks");
-  }
-  const int64_t batch = m.global_batch / n, T = m.config.block_size;
-  const models::GPTConfig& config = m.config;
-
-  torch::manual_seed(1337);
-  models::GPTModule module(config, models::GPT2AdamW(3e-3));
-  models::GPT model = module.gpt();
-  std::vector<UnitRef> units;
-  if (strategy != "single") {
-    fsdp::FSDPOptions options;
-    options.mesh = comm::DeviceMesh::Create(world, {n}, {"dp"});
-    options.strategy = fsdp::ParseShardingStrategy(strategy);
-    for (size_t i = 0; i < model->blocks->size(); ++i) {
-      fsdp::fully_shard(model->block(i), options);
-    }
-    fsdp::fully_shard(model, options);
-    for (const auto& item : model->named_modules("", /*include_self=*/true)) {
-      if (fsdp::unit_of(*item.value())) {
-        units.push_back({item.key().empty() ? "root" : item.key(), item.value()});
-      }
-    }
-  }
-  auto optimizer = module.configure_optimizers();
-
-  // A few fixed batches of random tokens (this rank's rows of each global
-  // batch), made before timing starts.
-  auto gen = at::detail::createCPUGenerator(7);
-  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
-  for (int i = 0; i < 4; ++i) {
-    at::Tensor global = at::randint(config.vocab_size, {m.global_batch, T + 1},
-                                    gen, at::TensorOptions().dtype(at::kLong));
-    at::Tensor mine = global.narrow(0, rank * batch, batch);
-    batches.emplace_back(mine.narrow(1, 0, T).contiguous(),
-                         mine.narrow(1, 1, T).contiguous());
-  }
-
-  std::vector<double> step_s, forward_s, backward_s, update_s;
-  for (int step = 0; step < warmup + steps; ++step) {
-    if (step == warmup) {
-      fsdp::reset_comm_wait_stats(*model);
-    }
-    const auto& [x, y] = batches[step % batches.size()];
-    const auto start = Clock::now();
-    optimizer->zero_grad();
-    at::Tensor loss = module.training_step({x, y}, step);
-    const auto forward_end = Clock::now();
-    loss.backward();
-    const auto backward_end = Clock::now();
-    if (strategy == "single") {
-      torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
-    } else {
-      fsdp::clip_grad_norm_(*model, 1.0);
-    }
-    optimizer->step();
-    if (step < warmup) continue;
-    step_s.push_back(Seconds(start));
-    forward_s.push_back(std::chrono::duration<double>(forward_end - start).count());
-    backward_s.push_back(
-        std::chrono::duration<double>(backward_end - forward_end).count());
-    update_s.push_back(Seconds(backward_end));
-  }
-
-  // Per step, the slowest rank's time; per unit, the mean over ranks.
-  at::Tensor times = at::tensor(step_s, at::kDouble);
-  world->group()->all_reduce(times, comm::ReduceOp::kMax).wait();
-  at::Tensor waits = at::zeros({static_cast<int64_t>(units.size()), 3}, at::kDouble);
-  for (size_t i = 0; i < units.size(); ++i) {
-    const fsdp::CommWaitStats s = fsdp::comm_wait_stats(*units[i].module);
-    waits[i][0] = s.all_gather_wait_s / steps;
-    waits[i][1] = s.reduce_wait_s / steps;
-    waits[i][2] = s.copy_in_s / steps;
-  }
-  world->group()->all_reduce(waits).wait();
-  waits.div_(n);
-  if (rank == 0) {
-    for (int64_t i = 0; i < times.numel(); ++i) {
-      WriteResult("step_s", times[i].item<double>());
-    }
-    WriteResult("forward_s", Median(forward_s));
-    WriteResult("backward_s", Median(backward_s));
-    WriteResult("update_s", Median(update_s));
-    WriteResult("threads", at::get_num_threads());
-    for (size_t i = 0; i < units.size(); ++i) {
-      std::ostringstream line;
-      line << units[i].name << " " << waits[i][0].item<double>() << " "
-           << waits[i][1].item<double>() << " " << waits[i][2].item<double>();
-      WriteResult("unit", line.str());
-    }
-  }
-  return 0;
 }
 
 // --------------------------------------------------------------- parent
@@ -263,48 +83,9 @@ struct Run {
   Results last;  // the last round's results (waits, breakdown)
 };
 
-// Tokens/s of PyTorch's own DDP (bench/python_ddp_gpt.py) on the same model
-// and global batch, or a negative value when it cannot run.
-double RunPythonDdp(const ModelFlags& m, int nproc, int steps, int warmup,
-                    std::string* version, std::string* why) {
-  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
-  const std::string script =
-      std::string(workspace ? workspace : ".") + "/bench/python_ddp_gpt.py";
-  std::ostringstream cmd;
-  // As users run PyTorch: its own allocator (no LD_PRELOAD), with the
-  // OpenBLAS core type that makes its GEMMs fast on this CPU.
-  for (const auto& [k, v] : launch::CpuPerformanceEnv()) {
-    if (k != "LD_PRELOAD") cmd << k << "=" << v << " ";
-  }
-  cmd << "/usr/bin/python3 " << script << " --nproc " << nproc << " --steps "
-      << steps << " --warmup " << warmup;
-  const auto args = ModelArgs(m);
-  for (const auto& a : args) cmd << " " << a;
-  cmd << " 2>&1";
-  FILE* pipe = popen(cmd.str().c_str(), "r");
-  if (pipe == nullptr) {
-    *why = "cannot start python3";
-    return -1;
-  }
-  std::string out;
-  char buf[512];
-  while (std::fgets(buf, sizeof(buf), pipe)) out += buf;
-  const int rc = pclose(pipe);
-  const auto pos = out.rfind("median_step_s ");
-  if (rc != 0 || pos == std::string::npos) {
-    *why = out.size() > 400 ? out.substr(out.size() - 400) : out;
-    return -1;
-  }
-  const auto v = out.rfind("torch_version ");
-  if (v != std::string::npos) {
-    *version = out.substr(v + 14, out.find('\n', v) - v - 14);
-  }
-  return std::atof(out.c_str() + pos + 14);
-}
-
 int RunParent(flags::Flags& flags, const std::string& self) {
   const bool quick = flags.Int("quick", 0, "1: fewer steps and rounds (about 2 minutes)") != 0;
-  const ModelFlags m = ReadModelFlags(flags);
+  const ModelFlags m = ReadModelFlags(flags, MainJobModel());
   const int steps = flags.Int("steps", quick ? 8 : 30, "timed steps per round");
   const int warmup = flags.Int("warmup", quick ? 2 : 5, "untimed steps first");
   const int rounds = flags.Int("rounds", quick ? 1 : 3, "rounds over all configurations");
@@ -336,7 +117,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
 
   bool want_python = python_ddp == "1";
   if (python_ddp == "auto") {
-    want_python = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    want_python = PythonTorchAvailable();
   }
   std::string python_version;
 
@@ -365,10 +146,11 @@ int RunParent(flags::Flags& flags, const std::string& self) {
     for (auto& run : runs) {
       std::fprintf(stderr, "round %d/%d: %s\n", round + 1, rounds, run.label.c_str());
       if (run.strategy == "python_ddp") {
-        std::string why;
-        const double s = RunPythonDdp(m, run.nproc, steps, warmup, &python_version, &why);
-        if (s < 0) throw std::runtime_error("Python DDP failed: " + why);
-        run.step_s.push_back(s);  // its median over steps (slowest rank)
+        const PythonDdpResult py =
+            RunPythonDdp(m, run.nproc, run.threads, /*bf16=*/false, steps, warmup);
+        if (!py.ok) throw std::runtime_error("Python DDP failed: " + py.error);
+        python_version = py.torch_version;
+        run.step_s.push_back(py.median_step_s);  // its median over steps (slowest rank)
         continue;
       }
       auto args = ModelArgs(m);
@@ -466,7 +248,7 @@ int main(int argc, char** argv) {
     if (!launch::IsRankProcess()) return bench::RunParent(flags, argv[0]);
     const std::string role = flags.String("role", "train", "train|gemm (rank processes)");
     if (role == "gemm") return bench::RunGemmRank(flags);
-    return bench::RunTrainRank(flags);
+    return bench::RunTrainRank(flags, bench::MainJobModel());
   } catch (const std::exception& e) {
     std::cerr << "train bench: " << e.what() << "\n";
     return 1;

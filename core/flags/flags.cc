@@ -82,6 +82,27 @@ std::string Flags::String(const std::string& name, const std::string& default_va
   return value == nullptr ? default_value : *value;
 }
 
+std::vector<std::string> Flags::StringList(const std::string& name,
+                                          const std::vector<std::string>& default_value,
+                                          const std::string& help) {
+  std::string shown;
+  for (const auto& v : default_value) shown += (shown.empty() ? "" : ",") + v;
+  const std::string* value = Read(name, "A,B,...", help, shown);
+  if (value == nullptr) return default_value;
+  std::vector<std::string> result;
+  for (size_t start = 0;;) {
+    const size_t comma = value->find(',', start);
+    const std::string item = value->substr(start, comma - start);
+    if (item.empty()) {
+      throw FlagError("--" + name + " expects words separated by commas, got '" +
+                      *value + "'");
+    }
+    result.push_back(item);
+    if (comma == std::string::npos) return result;
+    start = comma + 1;
+  }
+}
+
 std::vector<int64_t> Flags::IntList(const std::string& name,
                                     const std::vector<int64_t>& default_value,
                                     const std::string& help) {

@@ -49,6 +49,11 @@ class Flags {
   double Double(const std::string& name, double default_value, const std::string& help);
   std::string String(const std::string& name, const std::string& default_value,
                      const std::string& help);
+  // Comma-separated non-empty words ("fp32,bf16"); FlagError for an empty
+  // item.
+  std::vector<std::string> StringList(const std::string& name,
+                                      const std::vector<std::string>& default_value,
+                                      const std::string& help);
   // Comma-separated whole numbers ("2,4"); FlagError for anything else.
   std::vector<int64_t> IntList(const std::string& name,
                                const std::vector<int64_t>& default_value,

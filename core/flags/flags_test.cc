@@ -83,6 +83,19 @@ TEST(Flags, IntegerLists) {
   }
 }
 
+TEST(Flags, WordLists) {
+  CommandLine line({"--precisions", "fp32,bf16"});
+  Flags flags = line.Parse();
+  EXPECT_EQ(flags.StringList("precisions", {"fp32"}, ""),
+            (std::vector<std::string>{"fp32", "bf16"}));
+  EXPECT_EQ(flags.StringList("models", {"3m", "85m"}, ""),
+            (std::vector<std::string>{"3m", "85m"}));
+  for (const std::string bad : {"a,,b", "a,", ""}) {
+    EXPECT_EQ(ErrorOf([&] { CommandLine({"--models", bad}).Parse().StringList("models", {}, ""); }),
+              "--models expects words separated by commas, got '" + bad + "'");
+  }
+}
+
 TEST(Flags, HelpListsWhatWasReadWithDefaultsAndIgnoresTheRest) {
   CommandLine line({"--steps", "oops", "--help", "--not-read", "1"});
   Flags flags = line.Parse();

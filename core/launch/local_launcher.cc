@@ -30,17 +30,21 @@ bool IsRankProcess() {
   return rank != nullptr && *rank != '\0';
 }
 
+std::string CpuFlags() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      return " " + line.substr(line.find(':') + 1) + " ";
+    }
+  }
+  return " ";
+}
+
 std::map<std::string, std::string> CpuPerformanceEnv() {
   std::map<std::string, std::string> env;
   if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
-    std::ifstream cpuinfo("/proc/cpuinfo");
-    std::string line, flags;
-    while (std::getline(cpuinfo, line)) {
-      if (line.rfind("flags", 0) == 0) {
-        flags = " " + line.substr(line.find(':') + 1) + " ";
-        break;
-      }
-    }
+    const std::string flags = CpuFlags();
     if (flags.find(" avx512f ") != std::string::npos &&
         flags.find(" avx512bw ") != std::string::npos) {
       env["OPENBLAS_CORETYPE"] = "SkylakeX";

@@ -38,6 +38,11 @@ int LaunchLocal(const LocalLaunchOptions& options);
 // True in a process started by LaunchLocal (or any launcher that set RANK).
 bool IsRankProcess();
 
+// The CPU's feature flags as /proc/cpuinfo lists them, with a space before
+// and after each (" avx2 avx512f ... "), so " name " can be searched for;
+// " " when unknown.
+std::string CpuFlags();
+
 // The environment LibTorch wants for fast CPU training here: the OpenBLAS
 // core type matching this CPU's vector units, when it can tell,
 // OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep instead of spinning between

@@ -1,0 +1,310 @@
+// fsdp2/bench/matrix_bench.cc
+//
+// The benchmark matrix: the engine as shipped (the launcher's defaults,
+// allocator included) against PyTorch's own DDP on the same model and batch,
+// measured side by side in one run, over
+//
+//   models      3.3M  4 layers x 256, 4 heads, vocab 512, T 128, 8 rows/rank
+//               85M   12 layers x 768, 12 heads, vocab 256, T 128, 2 rows/rank
+//   precision   fp32, and bf16 (engine: bf16 all-gather and compute, fp32
+//               master shards and reduction; PyTorch: CPU bf16 autocast)
+//   ranks       N = 1, 2, 4 (threads per rank: cores / N, at least 1)
+//   strategies  FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, and PyTorch DDP
+//
+// Per configuration: median step time (slowest rank), tokens/s, peak RSS per
+// rank (training; the process's own peak beside it), exposed communication
+// per step, and tokens/s against PyTorch DDP's. Then the ratios the README
+// quotes. Rows per rank stay fixed, so the global batch grows with N.
+//
+//   bazel run //bench:matrix -- --quick 1      # about 15 minutes on 2 cores
+//   bazel run //bench:matrix -- --models 3m --precisions fp32 --nprocs 2
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "bench/train_rank.h"
+#include "core/flags/flags.h"
+#include "core/launch/allocator.h"
+#include "core/launch/local_launcher.h"
+
+namespace fsdp2 {
+namespace bench {
+namespace {
+
+const char* kUsage =
+    "usage: bazel run //bench:matrix -- [--flag value ...]\n"
+    "The engine as shipped against PyTorch DDP: models x precisions x ranks x "
+    "strategies.\n";
+
+struct Model {
+  std::string name;
+  models::GPTConfig config;
+  int64_t rows_per_rank;
+};
+
+std::vector<Model> AllModels() {
+  Model small{"3m", {}, 8};
+  small.config.n_layer = 4;
+  small.config.n_embd = 256;
+  small.config.n_head = 4;
+  small.config.block_size = 128;
+  small.config.vocab_size = 512;
+  Model large{"85m", {}, 2};
+  large.config.n_layer = 12;
+  large.config.n_embd = 768;
+  large.config.n_head = 12;
+  large.config.block_size = 128;
+  large.config.vocab_size = 256;
+  return {small, large};
+}
+
+// "bf16 compute": what the CPU offers for it (oneDNN uses AVX512-BF16 or AMX
+// when present, else converts to fp32).
+std::string Bf16Support() {
+  const std::string flags = launch::CpuFlags();
+  std::string s;
+  for (const char* f : {"avx512f", "avx512_bf16", "amx_bf16"}) {
+    if (flags.find(std::string(" ") + f + " ") != std::string::npos) {
+      s += s.empty() ? f : std::string(", ") + f;
+    }
+  }
+  return s.empty() ? "no AVX-512" : s;
+}
+
+struct Cell {
+  std::string model, precision, strategy;  // strategy "ddp": PyTorch
+  int nproc = 0, threads = 0;
+  int64_t tokens = 0;  // per step, all ranks
+  std::vector<double> step_s;
+  double peak_rss_mib = 0, peak_process_mib = 0, exposed_s = 0;
+};
+
+double Step(const Cell& c) { return Median(c.step_s); }
+double TokensPerS(const Cell& c) { return c.tokens / Step(c); }
+
+int RunParent(flags::Flags& flags, const std::string& self) {
+  const bool quick = flags.Int("quick", 0, "1: fewer steps, one round") != 0;
+  const std::vector<std::string> model_names =
+      flags.StringList("models", {"3m", "85m"}, "models: 3m, 85m");
+  const std::vector<std::string> precisions =
+      flags.StringList("precisions", {"fp32", "bf16"}, "fp32, bf16");
+  const std::vector<int64_t> nprocs = flags.IntList("nprocs", {1, 2, 4}, "rank counts");
+  const std::vector<std::string> strategies = flags.StringList(
+      "strategies", {"full_shard", "shard_grad_op", "no_shard"}, "engine strategies");
+  const int steps = flags.Int("steps", quick ? 4 : 10, "timed steps per configuration");
+  const int warmup = flags.Int("warmup", 2, "untimed steps first");
+  const int rounds = flags.Int("rounds", quick ? 1 : 2, "rounds over all configurations");
+  const std::string python_ddp =
+      flags.String("python-ddp", "auto", "1|0|auto: also run PyTorch's DDP");
+  flags.Finish();
+  const int cores = Cores();
+  bool want_python = python_ddp == "1" || (python_ddp == "auto" && PythonTorchAvailable());
+
+  std::vector<Model> chosen;
+  for (const Model& m : AllModels()) {
+    if (std::find(model_names.begin(), model_names.end(), m.name) != model_names.end()) {
+      chosen.push_back(m);
+    }
+  }
+  if (chosen.size() != model_names.size()) {
+    throw std::invalid_argument("--models: each must be 3m or 85m");
+  }
+  for (const auto& p : precisions) {
+    if (p != "fp32" && p != "bf16") throw std::invalid_argument("--precisions: fp32 or bf16");
+  }
+  std::printf("matrix bench: the engine as shipped (allocator %s) against PyTorch DDP; "
+              "%d cores (bf16: %s); %d+%d steps x %d rounds; load %s\n",
+              launch::RequestedAllocator().c_str(), cores, Bf16Support().c_str(), warmup,
+              steps, rounds, LoadAverage().c_str());
+  std::fflush(stdout);
+
+  std::vector<Cell> cells;
+  for (const Model& m : chosen) {
+    for (const auto& p : precisions) {
+      for (int64_t n : nprocs) {
+        std::vector<std::string> kinds = strategies;
+        if (want_python) kinds.push_back("ddp");
+        for (const auto& s : kinds) {
+          Cell c;
+          c.model = m.name;
+          c.precision = p;
+          c.strategy = s;
+          c.nproc = static_cast<int>(n);
+          c.threads = std::max(1, cores / c.nproc);
+          c.tokens = m.rows_per_rank * n * m.config.block_size;
+          cells.push_back(c);
+        }
+      }
+    }
+  }
+  auto model_of = [&](const Cell& c) {
+    for (const Model& m : chosen) {
+      if (m.name == c.model) {
+        ModelFlags f;
+        f.config = m.config;
+        f.global_batch = m.rows_per_rank * c.nproc;
+        return f;
+      }
+    }
+    throw std::logic_error("unknown model " + c.model);
+  };
+  std::string torch_version;
+  for (int round = 0; round < rounds; ++round) {
+    for (Cell& c : cells) {
+      std::fprintf(stderr, "round %d/%d: %s %s N=%d %s\n", round + 1, rounds,
+                   c.model.c_str(), c.precision.c_str(), c.nproc, c.strategy.c_str());
+      const ModelFlags m = model_of(c);
+      if (c.strategy == "ddp") {
+        const PythonDdpResult py =
+            RunPythonDdp(m, c.nproc, c.threads, c.precision == "bf16", steps, warmup);
+        if (!py.ok) throw std::runtime_error("Python DDP failed: " + py.error);
+        torch_version = py.torch_version;
+        c.step_s.push_back(py.median_step_s);
+        c.peak_process_mib = std::max(c.peak_process_mib, py.peak_rss_mib);
+        continue;
+      }
+      std::vector<std::string> args = ModelArgs(m);
+      for (const std::string& a :
+           {std::string("--role"), std::string("train"), std::string("--strategy"),
+            c.strategy, std::string("--mixed-precision"), c.precision,
+            std::string("--steps"), std::to_string(steps), std::string("--warmup"),
+            std::to_string(warmup)}) {
+        args.push_back(a);
+      }
+      const Results r = RunConfiguration(self, c.nproc, c.threads, args);
+      for (double s : Values(r, "step_s")) c.step_s.push_back(s);
+      c.peak_rss_mib = std::max(c.peak_rss_mib, Value(r, "peak_rss_mib"));
+      c.peak_process_mib = std::max(c.peak_process_mib, Value(r, "peak_process_mib"));
+      double exposed = 0;
+      auto range = r.equal_range("unit");
+      for (auto it = range.first; it != range.second; ++it) {
+        std::string name;
+        double all_gather = 0, reduce = 0;
+        std::istringstream(it->second) >> name >> all_gather >> reduce;
+        exposed += all_gather + reduce;
+      }
+      c.exposed_s = exposed;
+    }
+  }
+
+  auto find = [&](const std::string& model, const std::string& precision, int n,
+                  const std::string& strategy) -> const Cell* {
+    for (const Cell& c : cells) {
+      if (c.model == model && c.precision == precision && c.nproc == n &&
+          c.strategy == strategy && !c.step_s.empty()) {
+        return &c;
+      }
+    }
+    return nullptr;
+  };
+  for (const Model& m : chosen) {
+    for (const auto& p : precisions) {
+      std::printf("\n%s (%s), %s, %lld rows x %lld tokens per rank\n", m.name.c_str(),
+                  m.config.ToString().c_str(), p.c_str(), (long long)m.rows_per_rank,
+                  (long long)m.config.block_size);
+      std::printf("  %-14s %-9s %9s %10s %12s %12s %11s %9s %9s\n", "strategy",
+                  "ranks x thr", "step ms", "tokens/s", "peak MiB/rk", "process MiB",
+                  "exposed ms", "vs DDP", "vs fp32");
+      for (int64_t n : nprocs) {
+        const Cell* ddp = find(m.name, p, n, "ddp");
+        for (const Cell& c : cells) {
+          if (c.model != m.name || c.precision != p || c.nproc != n || c.step_s.empty()) {
+            continue;
+          }
+          const bool engine = c.strategy != "ddp";
+          const Cell* fp32 = find(m.name, "fp32", c.nproc, c.strategy);
+          std::printf("  %-14s %5d x %-3d %9.1f %10.0f ", c.strategy.c_str(), c.nproc,
+                      c.threads, Step(c) * 1e3, TokensPerS(c));
+          if (engine) {
+            std::printf("%12.0f %12.0f %11.1f ", c.peak_rss_mib, c.peak_process_mib,
+                        c.exposed_s * 1e3);
+          } else {
+            std::printf("%12s %12.0f %11s ", "-", c.peak_process_mib, "-");
+          }
+          if (engine && ddp) {
+            std::printf("%9.2f ", TokensPerS(c) / TokensPerS(*ddp));
+          } else {
+            std::printf("%9s ", "-");
+          }
+          if (p != "fp32" && fp32) {
+            std::printf("%9.2f", TokensPerS(c) / TokensPerS(*fp32));
+          } else {
+            std::printf("%9s", "-");
+          }
+          std::printf("\n");
+        }
+      }
+    }
+  }
+
+  std::printf("\nratios (vs DDP: tokens/s, >1 the engine is faster; memory: peak RSS "
+              "per rank of training)\n");
+  auto ratio_line = [&](const char* what, const Cell* a, const Cell* b, bool tokens,
+                        const char* target) {
+    if (!a || !b) return;
+    const double r = tokens ? TokensPerS(*a) / TokensPerS(*b)
+                            : Step(*a) / Step(*b);
+    std::printf("  %-52s %6.2f   (target %s)\n", what, r, target);
+  };
+  auto memory_line = [&](const char* what, const Cell* a, const Cell* b,
+                         const char* target) {
+    if (!a || !b) return;
+    std::printf("  %-52s %6.2f   (target %s)\n", what, a->peak_rss_mib / b->peak_rss_mib,
+                target);
+  };
+  ratio_line("3.3M fp32 N=2 FULL_SHARD / PyTorch DDP tokens/s",
+             find("3m", "fp32", 2, "full_shard"), find("3m", "fp32", 2, "ddp"), true,
+             ">= 1.2");
+  ratio_line("3.3M fp32 N=2 FULL_SHARD / NO_SHARD step time",
+             find("3m", "fp32", 2, "full_shard"), find("3m", "fp32", 2, "no_shard"), false,
+             "<= 1.10");
+  ratio_line("85M fp32 N=2 FULL_SHARD / PyTorch DDP tokens/s",
+             find("85m", "fp32", 2, "full_shard"), find("85m", "fp32", 2, "ddp"), true,
+             ">= 2");
+  memory_line("85M fp32 N=2 peak RSS FULL_SHARD / NO_SHARD",
+              find("85m", "fp32", 2, "full_shard"), find("85m", "fp32", 2, "no_shard"),
+              "<= 0.60");
+  memory_line("85M fp32 N=4 peak RSS FULL_SHARD / NO_SHARD",
+              find("85m", "fp32", 4, "full_shard"), find("85m", "fp32", 4, "no_shard"),
+              "<= 0.40");
+  for (const Model& m : chosen) {
+    for (int64_t n : nprocs) {
+      const std::string what = m.name + " N=" + std::to_string(n) +
+                               " FULL_SHARD bf16 / fp32 tokens/s";
+      ratio_line(what.c_str(), find(m.name, "bf16", n, "full_shard"),
+                 find(m.name, "fp32", n, "full_shard"), true, ">= 1.8 with AVX512-BF16");
+    }
+  }
+  if (!want_python) {
+    std::printf("\nPyTorch DDP: skipped (python3 cannot import torch; bash "
+                "scripts/setup.sh --with-python-torch)\n");
+  } else {
+    std::printf("\nPyTorch: torch %s, gloo, bench/python_ddp_gpt.py, its own allocator\n",
+                torch_version.c_str());
+  }
+  std::printf("load at the end: %s\n", LoadAverage().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace fsdp2
+
+int main(int argc, char** argv) {
+  using namespace fsdp2;
+  try {
+    flags::Flags flags(argc, argv, bench::kUsage);
+    if (!launch::IsRankProcess()) return bench::RunParent(flags, argv[0]);
+    flags.String("role", "train", "train (rank processes)");
+    bench::ModelFlags defaults;
+    return bench::RunTrainRank(flags, defaults);
+  } catch (const std::exception& e) {
+    std::cerr << "matrix bench: " << e.what() << "\n";
+    return 1;
+  }
+}
