@@ -9,7 +9,8 @@ if [[ -n "$others" ]]; then
   echo "FAIL: libfsdp2.so exports symbols outside the C ABI:"; echo "$others" | head -20; exit 1
 fi
 for f in fsdp2_strategy_create fsdp2_strategy_training_step fsdp2_strategy_save_checkpoint \
-         fsdp2_last_error fsdp2_model_create fsdp2_dataloader_create_from_token_file; do
+         fsdp2_last_error fsdp2_model_create fsdp2_dataloader_create_from_token_file \
+         fsdp2_allocator; do
   echo "$exported" | grep -qx "$f" || { echo "FAIL: $f is not exported"; exit 1; }
 done
 echo "PASS: $(echo "$exported" | wc -l) symbols, all fsdp2_*"

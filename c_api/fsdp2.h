@@ -22,7 +22,8 @@
  *
  * Conventions (every function follows them):
  *  - Status: every function except the *_destroy functions, the *_init
- *    functions and the three error/version queries returns fsdp2_status_t.
+ *    functions, the three error/version queries and fsdp2_allocator
+ *    returns fsdp2_status_t.
  *    On failure fsdp2_last_error() returns a message saying what was wrong
  *    (per thread, valid until this thread's next failed call). No C++
  *    exception ever crosses this boundary, and a failed call leaves its
@@ -126,6 +127,13 @@ FSDP2_API fsdp2_status_t fsdp2_is_rank_process(int32_t* is_rank);
 FSDP2_API fsdp2_status_t fsdp2_launch_local(int32_t nproc, int32_t threads_per_rank,
                                             int argc, char** argv,
                                             int32_t* exit_code);
+
+/* The memory allocator this process runs with: "tcmalloc", "jemalloc" or
+ * "system" (glibc's malloc). Ranks that fsdp2_launch_local starts run with
+ * the one the FSDP2_ALLOCATOR variable asks for, tcmalloc unless it says
+ * "jemalloc" or "system" (glibc's malloc faults large buffers in afresh
+ * every step: see the README). Static storage; never NULL. */
+FSDP2_API const char* fsdp2_allocator(void);
 
 /* ------------------------------------------------------------------------
  * Tensors: caller-owned buffers described by pointer, dtype and shape

@@ -1,9 +1,12 @@
 // fsdp2/c_api/launcher.cc
 //
-// Launching ranks: fsdp2_is_rank_process and fsdp2_launch_local over
-// core/launch and the cluster environment.
+// Launching ranks: fsdp2_is_rank_process, fsdp2_launch_local and
+// fsdp2_allocator over core/launch and the cluster environment.
+#include <string>
+
 #include "c_api/fsdp2.h"
 #include "c_api/internal/api_impl.h"
+#include "core/launch/allocator.h"
 #include "core/launch/local_launcher.h"
 #include "core/strategy/cluster_environment.h"
 
@@ -34,6 +37,12 @@ fsdp2_status_t fsdp2_launch_local(int32_t nproc, int32_t threads_per_rank, int a
   for (int i = 0; i < argc; ++i) options.argv.push_back(NotNull(argv[i], "argv[i]"));
   *exit_code = fsdp2::launch::LaunchLocal(options);
   FSDP2_API_END
+}
+
+const char* fsdp2_allocator(void) {
+  // Which library is loaded cannot change once the process runs.
+  static const std::string allocator = fsdp2::launch::ActiveAllocator();
+  return allocator.c_str();
 }
 
 }  // extern "C"

@@ -64,6 +64,8 @@ public final class Train {
       }
       strategy.parallelize();
       boolean rank0 = strategy.rank() == 0;
+      System.out.printf("Train.java: rank %d of %d, allocator %s%n", strategy.rank(),
+          strategy.worldSize(), Launcher.allocator());
       long globalBatch = (long) batchSize * strategy.dataParallelSize();
       try (TokenDataLoader train = strategy.tokenDataLoader(data, Tensor.UINT8, 64, globalBatch, 0, 0.9);
            TokenDataLoader val = strategy.tokenDataLoader(data, Tensor.UINT8, 64, globalBatch, 0.9, 1)) {

@@ -38,6 +38,8 @@ def main():
             params = model.num_parameters()[1]
         strategy.parallelize()
         rank0 = strategy.rank == 0
+        print(f"train.py: rank {strategy.rank} of {strategy.world_size}, "
+              f"allocator {fsdp2.allocator()}", flush=True)
         global_batch = args.batch_size * strategy.data_parallel_size
         with strategy.token_dataloader(args.data, 64, global_batch, end_fraction=0.9) as train, \
              strategy.token_dataloader(args.data, 64, global_batch, begin_fraction=0.9) as val:

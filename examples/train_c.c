@@ -105,6 +105,8 @@ int main(int argc, char** argv) {
   loader_options.end_fraction = 1.0;
   CHECK(fsdp2_dataloader_create_from_token_file(strategy, data, &loader_options, &val));
   CHECK(fsdp2_dataloader_num_batches(train, &batches));
+  printf("train_c: rank %d of %d, allocator %s\n", (int)rank, (int)world,
+         fsdp2_allocator());
   if (rank == 0) {
     printf("train_c: %s; GPT of %lld parameters on %d ranks, %lld batches per epoch\n",
            fsdp2_version_string(), (long long)params, (int)world, (long long)batches);

@@ -33,7 +33,7 @@ __all__ = [
     "ShapeError", "FileError", "CommunicationError", "OutOfMemoryError",
     "InternalError", "FSDP2Strategy", "Model",
     "Optimizer", "TokenDataLoader", "StepResult", "launch_local",
-    "is_rank_process", "version", "abi_version",
+    "is_rank_process", "version", "abi_version", "allocator",
 ]
 
 
@@ -115,6 +115,13 @@ def version():
 
 def abi_version():
     return _c.fsdp2_abi_version()
+
+
+def allocator():
+    """The memory allocator this process runs with: "tcmalloc", "jemalloc"
+    or "system". Ranks started by launch_local run with tcmalloc unless
+    FSDP2_ALLOCATOR says otherwise."""
+    return _c.fsdp2_allocator()
 
 
 if _c.fsdp2_abi_version() // 1000 != _c.FSDP2_ABI_VERSION_MAJOR:

@@ -17,6 +17,16 @@ public final class Launcher {
   }
 
   /**
+   * The memory allocator this process runs with: "tcmalloc", "jemalloc" or
+   * "system". Ranks started by {@link #launchLocal} run with tcmalloc unless
+   * FSDP2_ALLOCATOR says otherwise.
+   */
+  public static String allocator() {
+    Native.init();
+    return Fsdp2Native.fsdp2_allocator();
+  }
+
+  /**
    * Runs this JVM's command line again as {@code nproc} local ranks and
    * waits; returns 0 when every rank succeeded, else the first failing
    * rank's exit code.
