@@ -78,6 +78,14 @@ void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
 // gradient reduction, fp32 outputs.
 fsdp::MixedPrecisionPolicy DefaultMixedPrecision();
 
+// Whether `dtype` (bf16 or fp16) compute runs emulated on a CPU with these
+// /proc/cpuinfo flags (launch::CpuFlags(): " flag flag ... "): bf16 is
+// native with AVX512-BF16 or AMX-BF16, fp16 with AVX512-FP16 or AMX-FP16.
+// False for other dtypes and for an unknown CPU (no flags). parallelize()
+// warns on rank 0 when the policy's param_dtype would run emulated (measured
+// up to 13x slower than fp32 on an AVX2 CPU).
+bool LowPrecisionIsEmulated(at::ScalarType dtype, const std::string& cpu_flags);
+
 struct FSDP2StrategyOptions {
   // The (dp, tp) device mesh: data_parallel_size x tensor_parallel_size
   // must equal the world size; ranks are laid out row-major, so the
