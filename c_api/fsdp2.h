@@ -71,6 +71,11 @@ extern "C" {
 #define FSDP2_ABI_VERSION_MINOR 0
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
+/* The release version, the one in //:version.bzl (which also names the
+ * wheel, the jar and the pkg-config/CMake files; packaging/version_test.sh
+ * checks that the two agree). */
+#define FSDP2_VERSION "1.0.0"
+
 /* ------------------------------------------------------------------------
  * Status, errors, version, memory
  * ---------------------------------------------------------------------- */
@@ -98,7 +103,7 @@ FSDP2_API const char* fsdp2_status_name(int32_t status);
  * a header/library mismatch. */
 FSDP2_API int32_t fsdp2_abi_version(void);
 
-/* The library's version and build, e.g. "fsdp2 1.0 (LibTorch 1.13.1, cpu)".
+/* The library's version and build, e.g. "fsdp2 1.0.0 (LibTorch 1.13.1, cpu)".
  * Static storage. */
 FSDP2_API const char* fsdp2_version_string(void);
 
