@@ -15,7 +15,7 @@ fi
 version="$1"; soversion="$2"; lib="$3"; header="$4"; header_cpp="$5"
 pc="$6"; config="$7"; config_version="$8"; prefix="$9"
 if [[ "$prefix" != /* ]]; then
-  prefix="${BUILD_WORKING_DIRECTORY:-$PWD}/$prefix"
+  prefix=$(realpath -m "${BUILD_WORKING_DIRECTORY:-$PWD}/$prefix")
 fi
 install -d "$prefix/include/fsdp2" "$prefix/lib/pkgconfig" "$prefix/lib/cmake/fsdp2"
 install -m 0644 "$header" "$header_cpp" "$prefix/include/fsdp2/"

@@ -37,7 +37,7 @@ train() {
   out=$(cd "$tmp" && timeout 300 "$program" --nproc 2 --steps 4 --ckpt-dir "$ckpt" 2>&1) || {
     echo "$out"; fail "$program exited non-zero"; }
   echo "$out"
-  echo "$out" | grep -q "fsdp2 $version " || fail "$program: no 'fsdp2 $version' in its output"
+  grep -q "fsdp2 $version " <<<"$out" || fail "$program: no 'fsdp2 $version' in its output"
   local losses first last
   losses=$(echo "$out" | grep -o 'loss [0-9.]*' | grep -v validation | awk '{print $2}')
   [[ $(echo "$losses" | wc -l) -ge 4 ]] || fail "$program: expected 4 step losses"
@@ -54,7 +54,7 @@ echo "pkg-config: $(pkg-config --cflags --libs fsdp2)"
 # shellcheck disable=SC2046
 gcc -std=c99 -Wall -Wextra -Werror -pedantic -o "$tmp/c/train_c" "$tmp/c/train_c.c" \
     $(pkg-config --cflags --libs fsdp2) -Wl,-rpath,"$prefix/lib" || fail "gcc failed"
-readelf -d "$tmp/c/train_c" | grep -q "NEEDED.*\[libfsdp2.so.$soversion\]" || fail "train_c does not need libfsdp2.so.$soversion"
+grep -q "NEEDED.*\[libfsdp2.so.$soversion\]" <<<"$(readelf -d "$tmp/c/train_c")" || fail "train_c does not need libfsdp2.so.$soversion"
 train "$tmp/c/train_c" "$tmp/ckpt_c"
 
 # CMake and find_package(fsdp2).

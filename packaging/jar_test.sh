@@ -13,8 +13,9 @@ cd "$tmp" || fail "cd $tmp"
 mkdir -p manifest && (cd manifest && jar xf ../fsdp2.jar META-INF/MANIFEST.MF) || fail "jar xf"
 grep -q "^Implementation-Version: $version" manifest/META-INF/MANIFEST.MF \
   || fail "manifest: $(cat manifest/META-INF/MANIFEST.MF)"
+listing=$(jar tf fsdp2.jar) || fail "jar tf"
 for lib in libfsdp2.so.1 libfsdp2_jni.so; do
-  jar tf fsdp2.jar | grep -qx "org/fsdp2/native/linux-x86_64/$lib" || fail "$lib not in the jar"
+  grep -qx "org/fsdp2/native/linux-x86_64/$lib" <<<"$listing" || fail "$lib not in the jar"
 done
 
 mkdir -p src classes && cp "$train_java" src/Train.java
@@ -36,6 +37,6 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "loss did not f
 gcc -shared -fPIC -o "$tmp/libabi_mismatch.so" "$abi_mismatch_c" || fail "gcc"
 err=$(LD_PRELOAD="$tmp/libabi_mismatch.so" TMPDIR="$tmp" timeout 120 java -cp fsdp2.jar:app.jar Train --nproc 1 --steps 1 2>&1) \
   && fail "ABI 2.0 was accepted"
-echo "$err" | grep -q "UnsatisfiedLinkError: fsdp2 $version: the loaded libfsdp2 has ABI 2.0, but these classes were built for ABI 1.0" \
+grep -q "UnsatisfiedLinkError: fsdp2 $version: the loaded libfsdp2 has ABI 2.0, but these classes were built for ABI 1.0" <<<"$err" \
   || { echo "$err"; fail "unclear ABI error"; }
 echo PASS

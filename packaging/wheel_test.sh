@@ -10,11 +10,28 @@ tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/wheel_test.XXXXXX")
 fail() { echo "FAIL: $*"; exit 1; }
 [[ $(basename "$wheel") == "fsdp2-$version-cp311-cp311-linux_x86_64.whl" ]] || fail "wheel named $(basename "$wheel")"
 
+# Every file in the wheel is in its RECORD with the right sha256 and size.
+python3 - "$wheel" <<'PY' || fail "RECORD does not match the wheel"
+import base64, csv, hashlib, io, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as whl:
+    names = set(whl.namelist())
+    record = [n for n in names if n.endswith(".dist-info/RECORD")]
+    assert len(record) == 1, record
+    rows = list(csv.reader(io.StringIO(whl.read(record[0]).decode())))
+    assert {r[0] for r in rows} == names, sorted(names ^ {r[0] for r in rows})
+    for path, digest, size in rows:
+        if path == record[0]:
+            continue
+        data = whl.read(path)
+        want = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert digest == want and int(size) == len(data), path
+PY
 python3 -m venv --system-site-packages "$tmp/venv" || fail "python3 -m venv failed"
 py="$tmp/venv/bin/python"
 "$py" -m pip install --no-index --no-cache-dir --disable-pip-version-check -q "$wheel" \
   || fail "pip install failed"
-"$py" -m pip show fsdp2 | grep -qx "Version: $version" || fail "pip show: $("$py" -m pip show fsdp2)"
+show=$("$py" -m pip show fsdp2) || fail "pip show failed"
+grep -qx "Version: $version" <<<"$show" || fail "pip show: $show"
 
 cp "$train_py" "$tmp/train.py"
 cd "$tmp" || fail "cd $tmp"
@@ -46,6 +63,6 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "loss did not f
 # Another ABI: a clear ImportError, no crash.
 gcc -shared -fPIC -o "$tmp/libabi_mismatch.so" "$abi_mismatch_c" || fail "gcc"
 err=$(LD_PRELOAD="$tmp/libabi_mismatch.so" "$py" -c "import fsdp2" 2>&1) && fail "ABI 2.0 was accepted"
-echo "$err" | grep -q "ImportError: fsdp2 $version: the loaded libfsdp2 has ABI 2.0, but these bindings .* were built for ABI 1.0" \
+grep -q "ImportError: fsdp2 $version: the loaded libfsdp2 has ABI 2.0, but these bindings .* were built for ABI 1.0" <<<"$err" \
   || { echo "$err"; fail "unclear ABI error"; }
 echo PASS
