@@ -5,18 +5,16 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include <filesystem>
 #include <map>
 #include <sstream>
 
-#include "c_api/internal/errors.h"
+#include "core/common/error.h"
 #include "core/fsdp/fully_shard.h"
-#include "core/models/gpt.h"
-#include "core/models/mlp.h"
+#include "core/models/gpt_module.h"
+#include "core/models/mlp_module.h"
+#include "core/strategy/optimizer.h"
 
 namespace fsdp2 {
 namespace c_api {
@@ -53,21 +51,24 @@ void ReadSizes(const nlohmann::json& config, const std::string& family,
     if (it == fields.end()) {
       std::string known;
       for (const auto& f : fields) known += (known.empty() ? "" : ", ") + f.first;
-      throw std::invalid_argument("model \"" + family + "\": unknown key \"" + key +
+      throw InvalidArgumentError("model \"" + family + "\": unknown key \"" + key +
                                   "\" (known: family, " + known + ")");
     }
     if (!value.is_number_integer() || value.get<int64_t>() < 1) {
-      throw std::invalid_argument("model \"" + family + "\": \"" + key +
+      throw InvalidArgumentError("model \"" + family + "\": \"" + key +
                                   "\" must be a positive integer, got " + value.dump());
     }
     *it->second = value.get<int64_t>();
   }
 }
 
-class GPTModule : public BuiltinModule {
+// The GPT family: core/models' GPTModule, with the batch checked first and
+// predictions that are logits [B, T, vocab] rather than next tokens.
+class GPTFamily : public BuiltinModule {
  public:
-  explicit GPTModule(const models::GPTConfig& config) : gpt_(config) {}
-  std::shared_ptr<torch::nn::Module> module() override { return gpt_.ptr(); }
+  explicit GPTFamily(const models::GPTConfig& config)
+      : core_(std::make_shared<models::GPTModule>(config)) {}
+  std::shared_ptr<torch::nn::Module> module() override { return core_->module(); }
   std::string family() const override { return "gpt"; }
 
   void CheckBatch(const Batch& batch) override {
@@ -82,23 +83,23 @@ class GPTModule : public BuiltinModule {
   std::vector<int64_t> PredictShape(const Batch& batch) override {
     RequireTensors(batch, 1, "{tokens [B,T]}");
     CheckTokens(batch[0], "tokens");
-    return {batch[0].size(0), batch[0].size(1), gpt_->config().vocab_size};
+    return {batch[0].size(0), batch[0].size(1), config().vocab_size};
   }
 
  protected:
   at::Tensor Loss(const Batch& batch) override {
     CheckBatch(batch);
-    return models::LanguageModelLoss(fsdp::forward(gpt_, batch[0].to(at::kLong)),
-                                     batch[1].to(at::kLong));
+    return core_->loss(batch);
   }
   at::Tensor Predict(const Batch& batch) override {
     PredictShape(batch);
-    return fsdp::forward(gpt_, batch[0].to(at::kLong));
+    return core_->logits(batch[0]);
   }
 
  private:
+  const models::GPTConfig& config() const { return core_->gpt()->config(); }
   void CheckTokens(const at::Tensor& t, const char* name) const {
-    const auto& c = gpt_->config();
+    const auto& c = config();
     if (t.dim() != 2 || !IsInteger(t)) {
       throw ShapeError(std::string(name) + " must be a 2-D integer tensor [B, T], got " +
                        ShapeString(t));
@@ -111,75 +112,80 @@ class GPTModule : public BuiltinModule {
     if (t.numel() > 0) {
       const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
       if (lo < 0 || hi >= c.vocab_size) {
-        throw std::invalid_argument(std::string(name) + " hold token " +
-                                    std::to_string(lo < 0 ? lo : hi) +
-                                    ", outside the vocabulary [0, " +
-                                    std::to_string(c.vocab_size) + ")");
+        throw InvalidArgumentError(std::string(name) + " hold token " +
+                                   std::to_string(lo < 0 ? lo : hi) +
+                                   ", outside the vocabulary [0, " +
+                                   std::to_string(c.vocab_size) + ")");
       }
     }
   }
-  models::GPT gpt_;
+  std::shared_ptr<models::GPTModule> core_;
 };
 
-// Loss between a model's output [B, out] and targets: MSE for floating
-// targets of the output's shape, cross-entropy for class indices [B].
-at::Tensor RegressionOrClassLoss(const at::Tensor& out, const at::Tensor& y) {
-  if (IsInteger(y)) {
-    if (y.dim() != 1 || y.size(0) != out.size(0)) {
-      throw ShapeError("class targets must be [B] = [" + std::to_string(out.size(0)) +
-                       "], got " + ShapeString(y));
-    }
-    const int64_t classes = out.size(-1);
-    if (y.numel() > 0 && (y.min().item<int64_t>() < 0 || y.max().item<int64_t>() >= classes)) {
-      throw std::invalid_argument("class targets must lie in [0, " + std::to_string(classes) + ")");
-    }
-    return F::cross_entropy(out, y.to(at::kLong));
-  }
-  if (!y.sizes().equals(out.sizes())) {
-    std::ostringstream s;
-    s << "regression targets must have the output's shape " << out.sizes() << ", got "
-      << ShapeString(y);
-    throw ShapeError(s.str());
-  }
-  return F::mse_loss(out, y.to(out.scalar_type()));
-}
-
-class MLPModule : public BuiltinModule {
+// The MLP family: core/models' MLPModule, with the batch (inputs and
+// targets) checked first, so a bad batch is a ShapeError before any
+// collective runs, and floating-point inputs of any precision.
+class MLPFamily : public BuiltinModule {
  public:
-  explicit MLPModule(const models::MLPConfig& config) : config_(config), mlp_(config) {}
-  std::shared_ptr<torch::nn::Module> module() override { return mlp_.ptr(); }
+  explicit MLPFamily(const models::MLPConfig& config)
+      : core_(std::make_shared<models::MLPModule>(config)) {}
+  std::shared_ptr<torch::nn::Module> module() override { return core_->module(); }
   std::string family() const override { return "mlp"; }
 
   void CheckBatch(const Batch& batch) override {
     RequireTensors(batch, 2, "{x [B,in], y [B,out] or [B]}");
     CheckInput(batch[0]);
+    CheckTargets(batch[0].size(0), batch[1]);
   }
   std::vector<int64_t> PredictShape(const Batch& batch) override {
     RequireTensors(batch, 1, "{x [B,in]}");
     CheckInput(batch[0]);
-    return {batch[0].size(0), config_.out_features};
+    return {batch[0].size(0), config().out_features};
   }
 
  protected:
   at::Tensor Loss(const Batch& batch) override {
     CheckBatch(batch);
-    return RegressionOrClassLoss(Predict(batch), batch[1]);
+    return core_->loss({batch[0].to(at::kFloat), batch[1]});
   }
   at::Tensor Predict(const Batch& batch) override {
     PredictShape(batch);
-    return fsdp::forward(mlp_, batch[0].to(at::kFloat)).to(at::kFloat);
+    return core_->predict_step({batch[0].to(at::kFloat)}, 0).to(at::kFloat);
   }
 
  private:
+  const models::MLPConfig& config() const { return core_->config(); }
   void CheckInput(const at::Tensor& x) const {
-    if (x.dim() != 2 || x.size(1) != config_.in_features || !x.is_floating_point()) {
+    if (x.dim() != 2 || x.size(1) != config().in_features || !x.is_floating_point()) {
       throw ShapeError("x must be a floating-point [B, " +
-                       std::to_string(config_.in_features) + "] tensor, got " +
+                       std::to_string(config().in_features) + "] tensor, got " +
                        ShapeString(x));
     }
   }
-  models::MLPConfig config_;
-  models::MLP mlp_;
+  // MSE needs floating targets of the output's shape [B, out]; cross-entropy
+  // class indices [B] in [0, out).
+  void CheckTargets(int64_t rows, const at::Tensor& y) const {
+    const int64_t classes = config().out_features;
+    if (IsInteger(y)) {
+      if (y.dim() != 1 || y.size(0) != rows) {
+        throw ShapeError("class targets must be [B] = [" + std::to_string(rows) + "], got " +
+                         ShapeString(y));
+      }
+      if (y.numel() > 0 &&
+          (y.min().item<int64_t>() < 0 || y.max().item<int64_t>() >= classes)) {
+        throw InvalidArgumentError("class targets must lie in [0, " + std::to_string(classes) +
+                                   ")");
+      }
+      return;
+    }
+    if (!y.is_floating_point() || y.dim() != 2 || y.size(0) != rows || y.size(1) != classes) {
+      std::ostringstream s;
+      s << "regression targets must have the output's shape [" << rows << ", " << classes
+        << "], got " << ShapeString(y);
+      throw ShapeError(s.str());
+    }
+  }
+  std::shared_ptr<models::MLPModule> core_;
 };
 
 // A TorchScript module as a torch::nn::Module: its parameters are registered
@@ -201,7 +207,7 @@ class ScriptWrapperImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
     c10::IValue out = script_.forward({x});
     if (!out.isTensor()) {
-      throw std::invalid_argument("the TorchScript module's forward must return a tensor");
+      throw InvalidArgumentError("the TorchScript module's forward must return a tensor");
     }
     return out.toTensor();
   }
@@ -258,26 +264,20 @@ class TorchScriptModule : public BuiltinModule {
 std::unique_ptr<torch::optim::Optimizer> BuiltinModule::configure_optimizers() {
   fsdp2_optimizer_options_t o = optimizer_;
   if (o.struct_size == 0) fsdp2_optimizer_options_init(&o);
-  auto params = module()->parameters();
+  strategy::OptimizerOptions options;
   switch (o.kind) {
-    case FSDP2_OPTIMIZER_ADAMW:
-      return std::make_unique<torch::optim::AdamW>(
-          params, torch::optim::AdamWOptions(o.lr)
-                      .betas({o.beta1, o.beta2})
-                      .eps(o.eps)
-                      .weight_decay(o.weight_decay));
-    case FSDP2_OPTIMIZER_ADAM:
-      return std::make_unique<torch::optim::Adam>(
-          params, torch::optim::AdamOptions(o.lr)
-                      .betas({o.beta1, o.beta2})
-                      .eps(o.eps)
-                      .weight_decay(o.weight_decay));
-    case FSDP2_OPTIMIZER_SGD:
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(
-                      o.weight_decay));
+    case FSDP2_OPTIMIZER_ADAMW: options.kind = strategy::OptimizerKind::kAdamW; break;
+    case FSDP2_OPTIMIZER_ADAM: options.kind = strategy::OptimizerKind::kAdam; break;
+    case FSDP2_OPTIMIZER_SGD: options.kind = strategy::OptimizerKind::kSGD; break;
+    default: throw InvalidArgumentError("unknown optimizer kind " + std::to_string(o.kind));
   }
-  throw std::invalid_argument("unknown optimizer kind " + std::to_string(o.kind));
+  options.lr = o.lr;
+  options.beta1 = o.beta1;
+  options.beta2 = o.beta2;
+  options.eps = o.eps;
+  options.weight_decay = o.weight_decay;
+  options.momentum = o.momentum;
+  return strategy::MakeOptimizer(module()->parameters(), options);
 }
 
 at::Tensor BuiltinModule::predict_step(const strategy::Batch& batch, int64_t) {
@@ -289,11 +289,11 @@ std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& text) {
   try {
     config = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(std::string("model configuration is not valid JSON: ") +
+    throw InvalidArgumentError(std::string("model configuration is not valid JSON: ") +
                                 e.what());
   }
   if (!config.is_object() || !config.contains("family") || !config["family"].is_string()) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "model configuration must be a JSON object with \"family\": \"gpt\" or \"mlp\"");
   }
   const std::string family = config["family"].get<std::string>();
@@ -306,7 +306,7 @@ std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& text) {
                {"n_head", &c.n_head},
                {"n_embd", &c.n_embd}});
     c.Validate();
-    return std::make_shared<GPTModule>(c);
+    return std::make_shared<GPTFamily>(c);
   }
   if (family == "mlp") {
     models::MLPConfig c;
@@ -315,9 +315,9 @@ std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& text) {
                {"hidden", &c.hidden},
                {"out_features", &c.out_features},
                {"depth", &c.depth}});
-    return std::make_shared<MLPModule>(c);
+    return std::make_shared<MLPFamily>(c);
   }
-  throw std::invalid_argument("unknown model family \"" + family +
+  throw InvalidArgumentError("unknown model family \"" + family +
                               "\" (known: gpt, mlp; TorchScript files load with "
                               "fsdp2_model_load_torchscript)");
 }
@@ -325,7 +325,7 @@ std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& text) {
 std::shared_ptr<BuiltinModule> LoadTorchScriptModule(const std::string& path,
                                                      const std::string& loss) {
   if (loss != "mse" && loss != "cross_entropy") {
-    throw std::invalid_argument("TorchScript loss must be \"mse\" or \"cross_entropy\", got \"" +
+    throw InvalidArgumentError("TorchScript loss must be \"mse\" or \"cross_entropy\", got \"" +
                                 loss + "\"");
   }
   if (!std::filesystem::is_regular_file(path)) {
@@ -338,7 +338,7 @@ std::shared_ptr<BuiltinModule> LoadTorchScriptModule(const std::string& path,
     throw IoError("cannot load TorchScript file " + path + ": " + e.what_without_backtrace());
   }
   if (!script.find_method("forward")) {
-    throw std::invalid_argument("TorchScript module " + path + " has no forward method");
+    throw InvalidArgumentError("TorchScript module " + path + " has no forward method");
   }
   int64_t trainable = 0, total = 0;
   for (const auto& p : script.parameters()) {
@@ -346,7 +346,7 @@ std::shared_ptr<BuiltinModule> LoadTorchScriptModule(const std::string& path,
     trainable += p.requires_grad() ? 1 : 0;
   }
   if (trainable == 0) {
-    throw std::invalid_argument("TorchScript module " + path + " has no trainable parameters (" +
+    throw InvalidArgumentError("TorchScript module " + path + " has no trainable parameters (" +
                                 std::to_string(total) +
                                 " parameters, none with requires_grad); nothing to train");
   }

@@ -1,10 +1,12 @@
 // fsdp2/c_api/internal/builtin_modules.h
 //
 // The TrainingModules behind fsdp2_model_t: the model families a C caller
-// can build from JSON (GPT-style decoder, residual MLP) and TorchScript
-// files. Each checks the batch it is given and says exactly what is wrong
-// (ShapeError / std::invalid_argument), turns a batch into a loss, and
-// builds its optimizer from the options connect() received.
+// can build from JSON (core/models' GPTModule and MLPModule, predicting
+// logits / outputs as float) and TorchScript files. Each checks the batch
+// it is given before any collective runs and says exactly what is wrong
+// (ShapeError / InvalidArgumentError), turns a batch into a loss, and
+// builds its optimizer (strategy::MakeOptimizer) from the options connect()
+// received.
 #ifndef FSDP2_C_API_INTERNAL_BUILTIN_MODULES_H_
 #define FSDP2_C_API_INTERNAL_BUILTIN_MODULES_H_
 

@@ -1,4 +1,5 @@
 #include "core/checkpoint/full_checkpoint.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 
@@ -88,21 +89,21 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
       SafetensorsFile f(path);
       auto format = f.metadata().find("fsdp2.checkpoint");
       if (format == f.metadata().end() || format->second != kFormat) {
-        throw std::runtime_error(path + ": not an fsdp2 full checkpoint");
+        throw IoError(path + ": not an fsdp2 full checkpoint");
       }
       const std::string saved = f.metadata().at("optimizer");
       if (optimizer != nullptr && saved != kind) {
-        throw std::runtime_error(path + ": holds " + saved + " optimizer state but the optimizer is " + kind);
+        throw IoError(path + ": holds " + saved + " optimizer state but the optimizer is " + kind);
       }
       for (const auto& s : shards) {
-        if (!f.contains(s.name)) throw std::runtime_error(path + ": has no parameter '" + s.name + "'");
+        if (!f.contains(s.name)) throw IoError(path + ": has no parameter '" + s.name + "'");
         if (f.info(s.name).dtype != s.shard.scalar_type()) {
-          throw std::runtime_error(path + ": parameter '" + s.name + "' is " +
+          throw IoError(path + ": parameter '" + s.name + "' is " +
                                    c10::toString(f.info(s.name).dtype) + " but the model's is " +
                                    c10::toString(s.shard.scalar_type()));
         }
         if (f.info(s.name).shape != s.global_shape) {
-          throw std::runtime_error(path + ": parameter '" + s.name + "' has shape " +
+          throw IoError(path + ": parameter '" + s.name + "' has shape " +
                                    c10::str(at::IntArrayRef(f.info(s.name).shape)) +
                                    " but the model's is " + c10::str(at::IntArrayRef(s.global_shape)));
         }
@@ -113,7 +114,7 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
         bool known = false;
         for (const auto& s : shards) known = known || s.name == param;
         if (!known) {
-          throw std::runtime_error(path + ": holds parameter '" + param +
+          throw IoError(path + ": holds parameter '" + param +
                                    "', which the model does not have");
         }
         f.load(name);  // verifies the checksum
@@ -172,7 +173,7 @@ void RemoveFullCheckpoint(const std::string& path, comm::World& world) {
     try {
       SafetensorsFile f(path);
       auto format = f.metadata().find("fsdp2.checkpoint");
-      if (format == f.metadata().end() || format->second != kFormat) throw std::runtime_error("");
+      if (format == f.metadata().end() || format->second != kFormat) throw IoError("");
       fs::remove(path);
     } catch (const std::exception&) {
       error = path + ": not an fsdp2 checkpoint; refusing to remove it";

@@ -1,4 +1,5 @@
 #include "core/checkpoint/safetensors.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -32,12 +33,12 @@ const char* DtypeName(at::ScalarType t) {
   for (const auto& [type, name] : DtypeNames()) {
     if (type == t) return name;
   }
-  throw std::invalid_argument(std::string("safetensors: unsupported dtype ") +
+  throw InvalidArgumentError(std::string("safetensors: unsupported dtype ") +
                               c10::toString(t));
 }
 
 [[noreturn]] void Fail(const std::string& path, const std::string& problem) {
-  throw std::runtime_error(path + ": " + problem);
+  throw IoError(path + ": " + problem);
 }
 
 std::string Hex(uint32_t v) {
@@ -137,7 +138,7 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(
   std::set<std::string> seen;
   for (const auto& spec : specs_) {
     if (spec.name.empty() || spec.name == "__metadata__" || !seen.insert(spec.name).second) {
-      throw std::invalid_argument("safetensors: bad or repeated tensor name '" + spec.name + "'");
+      throw InvalidArgumentError("safetensors: bad or repeated tensor name '" + spec.name + "'");
     }
     crcs_[spec.name] = "00000000";  // same width as the real ones
   }

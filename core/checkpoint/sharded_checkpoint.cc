@@ -1,4 +1,5 @@
 #include "core/checkpoint/sharded_checkpoint.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 
@@ -53,7 +54,7 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
   if (world.rank() == 0) {
     RecoverInterruptedSwap(dir);
     if (fs::exists(dir) && !fs::is_directory(dir)) {
-      throw std::runtime_error(dir + ": exists and is not a directory");
+      throw IoError(dir + ": exists and is not a directory");
     }
     fs::remove_all(tmp);  // a save that died before
     fs::create_directories(tmp);
@@ -119,25 +120,25 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
   if (world.rank() == 0) RecoverInterruptedSwap(dir);
   world.group()->barrier().wait();
   if (!fs::is_directory(dir)) {
-    throw std::runtime_error(dir + ": " + (fs::exists(dir) ? "is a file, expected a checkpoint directory"
+    throw IoError(dir + ": " + (fs::exists(dir) ? "is a file, expected a checkpoint directory"
                                                            : "no such checkpoint directory"));
   }
   const std::string meta_path = dir + "/metadata.json";
   std::ifstream in(meta_path);
-  if (!in) throw std::runtime_error(meta_path + ": missing: not an fsdp2 sharded checkpoint");
+  if (!in) throw IoError(meta_path + ": missing: not an fsdp2 sharded checkpoint");
   nlohmann::json m;
   try {
     in >> m;
   } catch (const std::exception&) {
-    throw std::runtime_error(meta_path + ": not valid JSON");
+    throw IoError(meta_path + ": not valid JSON");
   }
   if (m.value("format", "") != kFormat) {
-    throw std::runtime_error(meta_path + ": not an fsdp2 sharded checkpoint (format '" +
+    throw IoError(meta_path + ": not an fsdp2 sharded checkpoint (format '" +
                              m.value("format", "") + "')");
   }
   const std::string kind = m.at("optimizer").get<std::string>();
   if (optimizer != nullptr && kind != OptimizerKind(optimizer)) {
-    throw std::runtime_error(dir + ": holds " + kind + " optimizer state but the optimizer is " +
+    throw IoError(dir + ": holds " + kind + " optimizer state but the optimizer is " +
                              OptimizerKind(optimizer));
   }
   const int saved_world = m.at("world_size").get<int>();
@@ -152,7 +153,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
   std::map<std::string, int64_t> steps;
   for (int r = 0; r < saved_world; ++r) {
     const std::string path = dir + "/" + ShardFile(r, saved_world);
-    if (!fs::exists(path)) throw std::runtime_error(path + ": missing shard file");
+    if (!fs::exists(path)) throw IoError(path + ": missing shard file");
     files.push_back(std::make_unique<SafetensorsFile>(path));
     const auto& f = *files.back();
     for (const auto& [name, info] : f.tensors()) {
@@ -180,7 +181,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
   at::Tensor failed = at::full({1}, corrupt.empty() ? 0.0 : 1.0, at::kDouble);
   world.group()->all_reduce(failed, comm::ReduceOp::kMax).wait();
   if (failed.item<double>() != 0) {
-    throw std::runtime_error(corrupt.empty() ? dir + ": a shard file is corrupted (another rank "
+    throw IoError(corrupt.empty() ? dir + ": a shard file is corrupted (another rank "
                                                      "found a checksum mismatch)"
                                              : corrupt);
   }
@@ -196,7 +197,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
       if (lo >= hi) continue;
       at::Tensor part = piece.file->load_rows(key, lo - piece.row_start, hi - lo);
       if (part.numel() != (hi - lo) * width) {
-        throw std::runtime_error(piece.file->path() + ": '" + key + "' has rows of " +
+        throw IoError(piece.file->path() + ": '" + key + "' has rows of " +
                                  std::to_string(part.numel() / std::max<int64_t>(1, hi - lo)) +
                                  " elements, the model's have " + std::to_string(width));
       }
@@ -204,7 +205,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
       covered += hi - lo;
     }
     if (covered != rows) {
-      throw std::runtime_error(dir + ": rows of '" + key + "' are missing from the shard files");
+      throw IoError(dir + ": rows of '" + key + "' are missing from the shard files");
     }
     return out.view(s.shard.sizes());
   };
@@ -213,17 +214,17 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
   std::vector<std::pair<const fsdp::ShardInfo*, ParamState>> states;
   for (const auto& s : shards) {
     if (!m["params"].contains(s.name)) {
-      throw std::runtime_error(dir + ": has no parameter '" + s.name + "'");
+      throw IoError(dir + ": has no parameter '" + s.name + "'");
     }
     const auto shape = m["params"][s.name]["shape"].get<std::vector<int64_t>>();
     if (shape != s.global_shape) {
-      throw std::runtime_error(dir + ": parameter '" + s.name + "' has shape " +
+      throw IoError(dir + ": parameter '" + s.name + "' has shape " +
                                c10::str(at::IntArrayRef(shape)) + " but the model's is " +
                                c10::str(at::IntArrayRef(s.global_shape)));
     }
     const std::string dtype = m["params"][s.name].value("dtype", "");
     if (dtype != c10::toString(s.shard.scalar_type())) {
-      throw std::runtime_error(dir + ": parameter '" + s.name + "' is " + dtype +
+      throw IoError(dir + ": parameter '" + s.name + "' is " + dtype +
                                " but the model's is " + c10::toString(s.shard.scalar_type()));
     }
     copies.emplace_back(s.shard, assemble("model/" + s.name, s));
@@ -242,7 +243,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
     bool known = false;
     for (const auto& s : shards) known = known || s.name == item.key();
     if (!known) {
-      throw std::runtime_error(dir + ": holds parameter '" + item.key() +
+      throw IoError(dir + ": holds parameter '" + item.key() +
                                "', which the model does not have");
     }
   }

@@ -1,4 +1,5 @@
 #include "core/comm/device_mesh.h"
+#include "core/common/error.h"
 
 #include <set>
 #include <sstream>
@@ -10,21 +11,21 @@ namespace comm {
 std::shared_ptr<DeviceMesh> DeviceMesh::Create(
     std::shared_ptr<World> world, std::vector<int> shape,
     std::vector<std::string> dim_names) {
-  if (!world) throw std::invalid_argument("DeviceMesh: world is null");
+  if (!world) throw InvalidArgumentError("DeviceMesh: world is null");
   if (shape.empty() || shape.size() != dim_names.size()) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "DeviceMesh: need one name per dimension and at least one dimension");
   }
   int64_t product = 1;
   std::set<std::string> seen;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] < 1) {
-      throw std::invalid_argument("DeviceMesh: dimension '" + dim_names[d] +
+      throw InvalidArgumentError("DeviceMesh: dimension '" + dim_names[d] +
                                   "' has size " + std::to_string(shape[d]) +
                                   "; sizes must be positive");
     }
     if (dim_names[d].empty() || !seen.insert(dim_names[d]).second) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "DeviceMesh: dimension names must be non-empty and distinct");
     }
     product *= shape[d];
@@ -34,7 +35,7 @@ std::shared_ptr<DeviceMesh> DeviceMesh::Create(
   mesh->shape_ = shape;
   mesh->names_ = dim_names;
   if (product != world->size()) {
-    throw std::invalid_argument("DeviceMesh: " + mesh->ToString() + " has " +
+    throw InvalidArgumentError("DeviceMesh: " + mesh->ToString() + " has " +
                                 std::to_string(product) +
                                 " ranks but the world has " +
                                 std::to_string(world->size()));
@@ -65,7 +66,7 @@ int DeviceMesh::dim_index(const std::string& name) const {
   for (size_t d = 0; d < names_.size(); ++d) {
     if (names_[d] == name) return static_cast<int>(d);
   }
-  throw std::invalid_argument("DeviceMesh: no dimension named '" + name +
+  throw InvalidArgumentError("DeviceMesh: no dimension named '" + name +
                               "' in " + ToString());
 }
 

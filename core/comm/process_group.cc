@@ -1,4 +1,5 @@
 #include "core/comm/process_group.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 
@@ -11,14 +12,25 @@ namespace fsdp2 {
 namespace comm {
 namespace {
 
+// A bad argument of a collective: InvalidArgumentError with the pieces of
+// `message` streamed together.
+template <typename... Parts>
+void CheckArgument(bool ok, const Parts&... message) {
+  if (ok) return;
+  std::ostringstream s;
+  (s << ... << message);
+  throw InvalidArgumentError(s.str());
+}
+
 void CheckContiguous(const at::Tensor& t, const char* what, const char* op) {
-  TORCH_CHECK(t.defined() && t.is_contiguous(), op, ": ", what,
-              " must be a defined, contiguous tensor");
+  CheckArgument(t.defined() && t.is_contiguous(), op, ": ", what,
+                " must be a defined, contiguous tensor");
 }
 
 // Runs `body` (a call of the lane's transport) as collective `op` on
 // `lane`, rethrowing any failure with the rank, collective and group in the
-// message.
+// message: an fsdp2::Error keeps its code (a timeout stays a timeout), any
+// other failure is a CommunicationError.
 CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
                          std::function<void(internal::Transport&)> body) {
   internal::Transport* transport =
@@ -34,10 +46,12 @@ CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
       [transport, body = std::move(body), where = std::move(where)] {
         try {
           body(*transport);
+        } catch (const Error& e) {
+          ThrowError(e.code(), where + e.what());
         } catch (const c10::Error& e) {
-          throw std::runtime_error(where + e.what_without_backtrace());
+          throw CommunicationError(where + e.what_without_backtrace());
         } catch (const std::exception& e) {
-          throw std::runtime_error(where + e.what());
+          throw CommunicationError(where + e.what());
         }
       });
 }
@@ -75,10 +89,10 @@ CommHandle ProcessGroup::all_gather_into_flat(at::Tensor output,
   CheckContiguous(output, "output", "all_gather_into_flat");
   CheckContiguous(input, "input", "all_gather_into_flat");
   const int world = size();
-  TORCH_CHECK(output.numel() == input.numel() * world,
+  CheckArgument(output.numel() == input.numel() * world,
               "all_gather_into_flat: output has ", output.numel(),
               " elements, expected ", world, " x ", input.numel());
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(),
+  CheckArgument(output.scalar_type() == input.scalar_type(),
               "all_gather_into_flat: dtypes differ");
   impl_->bytes_sent += input.nbytes() * (world - 1);
   return RunCollective(*impl_, lane, "all_gather",
@@ -94,7 +108,7 @@ CommHandle ProcessGroup::all_gather_pieces(at::Tensor buffer,
   const int world = size();
   int64_t per_rank = 0;
   for (const auto& p : pieces) {
-    TORCH_CHECK(p.offset >= 0 && p.numel >= 0 &&
+    CheckArgument(p.offset >= 0 && p.numel >= 0 &&
                     world * (p.offset + p.numel) <= buffer.numel(),
                 "all_gather_pieces: piece [", p.offset, ", +", p.numel,
                 ") does not fit a buffer of ", buffer.numel(), " elements");
@@ -114,10 +128,10 @@ CommHandle ProcessGroup::reduce_scatter_flat(at::Tensor output,
   CheckContiguous(output, "output", "reduce_scatter_flat");
   CheckContiguous(input, "input", "reduce_scatter_flat");
   const int world = size();
-  TORCH_CHECK(input.numel() == output.numel() * world,
+  CheckArgument(input.numel() == output.numel() * world,
               "reduce_scatter_flat: input has ", input.numel(),
               " elements, expected ", world, " x ", output.numel());
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(),
+  CheckArgument(output.scalar_type() == input.scalar_type(),
               "reduce_scatter_flat: dtypes differ");
   const bool use_all_reduce = algorithm == ReduceScatterAlgorithm::kAllReduce;
   impl_->bytes_sent +=
@@ -142,7 +156,7 @@ CommHandle ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op,
 
 CommHandle ProcessGroup::broadcast(at::Tensor tensor, int root, Lane lane) {
   CheckContiguous(tensor, "tensor", "broadcast");
-  TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root,
+  CheckArgument(root >= 0 && root < size(), "broadcast: root ", root,
               " is not a rank of a group of size ", size());
   if (impl_->rank == root) impl_->bytes_sent += tensor.nbytes() * (size() - 1);
   return RunCollective(*impl_, lane, "broadcast",

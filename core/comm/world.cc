@@ -1,4 +1,5 @@
 #include "core/comm/world.h"
+#include "core/common/error.h"
 
 #include <cstdlib>
 #include <sstream>
@@ -18,7 +19,7 @@ int EnvInt(const char* name, int fallback) {
   char* end = nullptr;
   long parsed = std::strtol(value, &end, 10);
   if (*end != '\0') {
-    throw std::invalid_argument(std::string("environment variable ") + name +
+    throw InvalidArgumentError(std::string("environment variable ") + name +
                                 "='" + value + "' is not an integer");
   }
   return static_cast<int>(parsed);
@@ -81,15 +82,15 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
     std::ostringstream msg;
     msg << "fsdp2: invalid rendezvous: rank " << rank << " with world size "
         << world_size << " (need 0 <= rank < world size)";
-    throw std::invalid_argument(msg.str());
+    throw InvalidArgumentError(msg.str());
   }
   if (options.backend != "gloo" && options.backend != "nccl") {
-    throw std::invalid_argument("fsdp2: unknown backend '" + options.backend +
+    throw InvalidArgumentError("fsdp2: unknown backend '" + options.backend +
                                 "' (expected gloo or nccl)");
   }
 #ifndef USE_C10D_NCCL
   if (options.backend == "nccl") {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "fsdp2: backend 'nccl' needs a CUDA build of LibTorch; this build "
         "has only gloo");
   }
@@ -124,7 +125,7 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
       std::ostringstream msg;
       msg << "world size mismatch: this rank was started with WORLD_SIZE="
           << world_size << " but rank 0 with WORLD_SIZE=" << rank0_world;
-      throw std::runtime_error(msg.str());
+      throw CommunicationError(msg.str());
     }
     if (options.backend == "gloo") {
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
@@ -140,10 +141,10 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
       }
     }
   } catch (const c10::Error& e) {
-    throw std::runtime_error(where + "rendezvous failed: " +
+    throw CommunicationError(where + "rendezvous failed: " +
                              e.what_without_backtrace());
   } catch (const std::exception& e) {
-    throw std::runtime_error(where + "rendezvous failed: " + e.what());
+    throw CommunicationError(where + "rendezvous failed: " + e.what());
   }
   std::shared_ptr<World> world(new World(std::move(impl)));
   std::vector<int> all(world_size);
@@ -161,7 +162,7 @@ std::shared_ptr<ProcessGroup> World::new_groups(
     int my_index = -1;
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i] < 0 || ranks[i] >= size()) {
-        throw std::invalid_argument("fsdp2: group '" + name + "' names rank " +
+        throw InvalidArgumentError("fsdp2: group '" + name + "' names rank " +
                                     std::to_string(ranks[i]) +
                                     " outside the world");
       }
@@ -193,7 +194,7 @@ std::shared_ptr<ProcessGroup> World::new_groups(
       }
     } catch (const std::exception& e) {
       const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-      throw std::runtime_error(
+      throw CommunicationError(
           "fsdp2: rank " + std::to_string(me) + ": creating group '" + name +
           "' failed: " +
           (c10_error ? c10_error->what_without_backtrace() : e.what()));

@@ -1,4 +1,5 @@
 #include "core/fsdp/deferred_init.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -41,7 +42,7 @@ DeferredInitGuard::DeferredInitGuard() {
     if (log.ops.empty()) {
       log.generator_state = state;
     } else if (!at::equal(state, log.generator_state)) {
-      throw std::logic_error(
+      throw FailedPreconditionError(
           "tensor_init_context(): the default generator has drawn numbers "
           "since an earlier context whose tensors are not materialised yet; "
           "their replay would no longer match eager construction. "
@@ -274,7 +275,7 @@ void Replay(Log& log, Targets& targets) {
 
 void materialize_module(torch::nn::Module& root) {
   if (DeferredInitGuard::active()) {
-    throw std::logic_error(
+    throw FailedPreconditionError(
         "materialize_module: called inside tensor_init_context(); leave the "
         "context first");
   }

@@ -1,4 +1,5 @@
 #include "core/fsdp/fsdp_options.h"
+#include "core/common/error.h"
 
 #include <cctype>
 #include <stdexcept>
@@ -23,7 +24,7 @@ ShardingStrategy ParseShardingStrategy(const std::string& name) {
   if (key == "shard_grad_op") return ShardingStrategy::kShardGradOp;
   if (key == "no_shard") return ShardingStrategy::kNoShard;
   if (key == "hybrid_shard") return ShardingStrategy::kHybridShard;
-  throw std::invalid_argument("unknown sharding strategy '" + name +
+  throw InvalidArgumentError("unknown sharding strategy '" + name +
                               "' (expected full_shard, shard_grad_op, "
                               "no_shard or hybrid_shard)");
 }

@@ -1,4 +1,5 @@
 #include "core/fsdp/fully_shard.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 
@@ -46,7 +47,7 @@ void CheckNotOwnedElsewhere(const torch::nn::Module& module,
       for (const FSDPParam& p : params) {
         if (p.compute().unsafeGetTensorImpl() ==
             owned.compute().unsafeGetTensorImpl()) {
-          throw std::invalid_argument(
+          throw InvalidArgumentError(
               "fully_shard: parameter '" + p.name() + "' of '" + module.name() +
               "' is tied to '" + owned.name() +
               "', which another sharded module owns; shard the modules "
@@ -79,14 +80,14 @@ std::shared_ptr<FSDPUnit> unit_of(const torch::nn::Module& module) {
 std::shared_ptr<FSDPUnit> fully_shard(
     const std::shared_ptr<torch::nn::Module>& module,
     const FSDPOptions& options) {
-  if (!module) throw std::invalid_argument("fully_shard: module is null");
+  if (!module) throw InvalidArgumentError("fully_shard: module is null");
   if (DeferredInitGuard::active()) {
-    throw std::logic_error(
+    throw FailedPreconditionError(
         "fully_shard: called inside tensor_init_context(); leave the context "
         "first, then shard (parallelize) the model");
   }
   if (unit_of(*module)) {
-    throw std::invalid_argument("fully_shard: module '" + module->name() +
+    throw InvalidArgumentError("fully_shard: module '" + module->name() +
                                 "' is already sharded; apply fully_shard "
                                 "once per module");
   }
@@ -193,7 +194,7 @@ void release_buffer_pool() { internal::BufferPool::Get().release(); }
 CommWaitStats comm_wait_stats(const torch::nn::Module& module) {
   auto unit = unit_of(module);
   if (!unit) {
-    throw std::invalid_argument("comm_wait_stats: module '" + module.name() +
+    throw InvalidArgumentError("comm_wait_stats: module '" + module.name() +
                                 "' is not sharded; pass a module that "
                                 "fully_shard was applied to");
   }
@@ -228,7 +229,7 @@ void load_full_state_dict(
     const at::Tensor* target = params.find(name);
     if (target == nullptr) {
       if (strict) {
-        throw std::invalid_argument("load_full_state_dict: unexpected key '" +
+        throw InvalidArgumentError("load_full_state_dict: unexpected key '" +
                                     name + "'");
       }
       continue;
@@ -237,7 +238,7 @@ void load_full_state_dict(
     auto [unit, p] = FindShard(units, *target);
     const auto expected = p ? p->global_shape() : target->sizes().vec();
     if (value.sizes().vec() != expected) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "load_full_state_dict: '" + name + "' has shape " +
           c10::str(value.sizes()) + " but the model expects " +
           c10::str(at::IntArrayRef(expected)));
@@ -252,7 +253,7 @@ void load_full_state_dict(
   if (strict) {
     for (size_t i = 0; i < params.size(); ++i) {
       if (!seen[i]) {
-        throw std::invalid_argument("load_full_state_dict: missing key '" +
+        throw InvalidArgumentError("load_full_state_dict: missing key '" +
                                     keys[i] + "'");
       }
     }

@@ -1,4 +1,5 @@
 #include "core/launch/allocator.h"
+#include "core/common/error.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -81,7 +82,7 @@ std::string RequestedAllocator() {
   if (value == nullptr || *value == '\0') return "tcmalloc";
   const std::string v = value;
   if (v == "tcmalloc" || v == "jemalloc" || v == "system") return v;
-  throw std::invalid_argument(std::string(kAllocatorVar) + "='" + v +
+  throw InvalidArgumentError(std::string(kAllocatorVar) + "='" + v +
                               "' is not an allocator fsdp2 knows (expected "
                               "tcmalloc, jemalloc or system)");
 }

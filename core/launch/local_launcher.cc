@@ -1,4 +1,5 @@
 #include "core/launch/local_launcher.h"
+#include "core/common/error.h"
 
 #include "core/launch/allocator.h"
 
@@ -142,7 +143,7 @@ int ExitCode(int status) {
 int LaunchLocal(const LocalLaunchOptions& options) {
   const int n = options.nproc;
   if (n < 1) {
-    throw std::invalid_argument("--nproc must be at least 1 (got " +
+    throw InvalidArgumentError("--nproc must be at least 1 (got " +
                                 std::to_string(n) + ")");
   }
   int threads = options.threads_per_rank;

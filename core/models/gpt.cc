@@ -1,4 +1,5 @@
 #include "core/models/gpt.h"
+#include "core/common/error.h"
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/linear.h>
@@ -19,11 +20,11 @@ namespace F = torch::nn::functional;
 void GPTConfig::Validate() const {
   if (vocab_size < 1 || block_size < 1 || n_layer < 1 || n_head < 1 ||
       n_embd < 1) {
-    throw std::invalid_argument("GPTConfig: all sizes must be positive: " +
+    throw InvalidArgumentError("GPTConfig: all sizes must be positive: " +
                                 ToString());
   }
   if (n_embd % n_head != 0) {
-    throw std::invalid_argument("GPTConfig: n_embd (" + std::to_string(n_embd) +
+    throw InvalidArgumentError("GPTConfig: n_embd (" + std::to_string(n_embd) +
                                 ") must be a multiple of n_head (" +
                                 std::to_string(n_head) + ")");
   }
@@ -125,7 +126,7 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
 
 tp::TensorParallelPlan GPTImpl::tensor_parallel_plan(int tp_size) const {
   if (tp_size < 1 || config_.n_head % tp_size != 0) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "GPT: tensor_parallel_size " + std::to_string(tp_size) +
         " does not divide n_head " + std::to_string(config_.n_head) +
         " (each tensor-parallel rank computes whole attention heads); choose "

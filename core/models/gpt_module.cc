@@ -1,4 +1,5 @@
 #include "core/models/gpt_module.h"
+#include "core/common/error.h"
 
 #include <stdexcept>
 #include <string>
@@ -34,7 +35,7 @@ at::Tensor GPTModule::validation_step(const strategy::Batch& batch, int64_t) {
 }
 
 at::Tensor GPTModule::predict_step(const strategy::Batch& batch, int64_t) {
-  if (batch.empty()) throw std::invalid_argument("GPTModule: predict_step needs {tokens}");
+  if (batch.empty()) throw InvalidArgumentError("GPTModule: predict_step needs {tokens}");
   return logits(batch[0]).argmax(-1);
 }
 
@@ -44,7 +45,7 @@ std::unique_ptr<torch::optim::Optimizer> GPTModule::configure_optimizers() {
 
 at::Tensor GPTModule::loss(const strategy::Batch& batch) {
   if (batch.size() < 2) {
-    throw std::invalid_argument("GPTModule: a batch is {tokens, targets}, got " +
+    throw InvalidArgumentError("GPTModule: a batch is {tokens, targets}, got " +
                                 std::to_string(batch.size()) + " tensor(s)");
   }
   return LanguageModelLoss(logits(batch[0]), batch[1].to(at::kLong));

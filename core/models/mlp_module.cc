@@ -1,4 +1,5 @@
 #include "core/models/mlp_module.h"
+#include "core/common/error.h"
 
 #include <torch/nn/functional/loss.h>
 
@@ -26,7 +27,7 @@ at::Tensor MLPModule::validation_step(const strategy::Batch& batch, int64_t) {
 }
 
 at::Tensor MLPModule::predict_step(const strategy::Batch& batch, int64_t) {
-  if (batch.empty()) throw std::invalid_argument("MLPModule: predict_step needs {x}");
+  if (batch.empty()) throw InvalidArgumentError("MLPModule: predict_step needs {x}");
   return fsdp::forward(mlp_, batch[0]);
 }
 
@@ -36,7 +37,7 @@ std::unique_ptr<torch::optim::Optimizer> MLPModule::configure_optimizers() {
 
 at::Tensor MLPModule::loss(const strategy::Batch& batch) {
   if (batch.size() < 2) {
-    throw std::invalid_argument("MLPModule: a batch is {x, y}, got " +
+    throw InvalidArgumentError("MLPModule: a batch is {x, y}, got " +
                                 std::to_string(batch.size()) + " tensor(s)");
   }
   const at::Tensor out = fsdp::forward(mlp_, batch[0]);
@@ -53,7 +54,7 @@ at::Tensor MLPModule::loss(const strategy::Batch& batch) {
     error << "MLPModule: regression targets must have the output's shape "
           << out.sizes() << ", got " << y.sizes();
   }
-  throw std::invalid_argument(error.str());
+  throw InvalidArgumentError(error.str());
 }
 
 }  // namespace models

@@ -1,4 +1,5 @@
 #include "core/strategy/cluster_environment.h"
+#include "core/common/error.h"
 
 #include <sstream>
 #include <stdexcept>
@@ -24,11 +25,11 @@ struct Env {
       size_t used = 0;
       long long parsed = std::stoll(value, &used);
       if (used != value.size() || parsed < 0 || parsed > (1 << 30)) {
-        throw std::invalid_argument("");
+        throw InvalidArgumentError("");
       }
       return static_cast<int>(parsed);
     } catch (const std::exception&) {
-      throw std::invalid_argument(std::string("environment variable ") + name +
+      throw InvalidArgumentError(std::string("environment variable ") + name +
                                   "='" + value +
                                   "' is not a non-negative integer");
     }
@@ -70,7 +71,7 @@ ClusterEnvironment ClusterEnvironment::Detect(const Getenv& getenv) {
   ClusterEnvironment c;
   if (env.has("RANK") || env.has("WORLD_SIZE")) {
     if (!env.has("RANK") || !env.has("WORLD_SIZE")) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "RANK and WORLD_SIZE must be set together (torchrun-style launch)");
     }
     c.kind = ClusterKind::kTorchElastic;
@@ -98,7 +99,7 @@ ClusterEnvironment ClusterEnvironment::Detect(const Getenv& getenv) {
     const int local_size = env.integer("OMPI_COMM_WORLD_LOCAL_SIZE", c.world_size);
     c.node_rank = local_size > 0 ? c.rank / local_size : 0;
     if (local_size < c.world_size && !env.has("MASTER_ADDR")) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "mpirun across several nodes: set MASTER_ADDR (and MASTER_PORT) to "
           "the host of rank 0, e.g. mpirun -x MASTER_ADDR=host0");
     }
@@ -111,10 +112,10 @@ ClusterEnvironment ClusterEnvironment::Detect(const Getenv& getenv) {
     msg << strategy::ToString(c.kind) << " environment gives rank " << c.rank
         << " in a world of " << c.world_size
         << " (need 0 <= rank < world size)";
-    throw std::invalid_argument(msg.str());
+    throw InvalidArgumentError(msg.str());
   }
   if (c.master_port < 1 || c.master_port > 65535) {
-    throw std::invalid_argument("MASTER_PORT " + std::to_string(c.master_port) +
+    throw InvalidArgumentError("MASTER_PORT " + std::to_string(c.master_port) +
                                 " is not a TCP port");
   }
   return c;

@@ -1,4 +1,5 @@
 #include "core/strategy/distributed_sampler.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -17,16 +18,16 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int rank,
       world_size_(world_size),
       options_(options) {
   if (dataset_size < 1) {
-    throw std::invalid_argument("DistributedSampler: the dataset is empty");
+    throw InvalidArgumentError("DistributedSampler: the dataset is empty");
   }
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw std::invalid_argument("DistributedSampler: rank " +
+    throw InvalidArgumentError("DistributedSampler: rank " +
                                 std::to_string(rank) + " of world size " +
                                 std::to_string(world_size));
   }
   if (options.global_batch_size < 1 ||
       options.global_batch_size % world_size != 0) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "DistributedSampler: global batch size " +
         std::to_string(options.global_batch_size) +
         " must be a positive multiple of the data-parallel size " +
@@ -55,7 +56,7 @@ int64_t DistributedSampler::num_batches() const {
 
 std::vector<int64_t> DistributedSampler::global_batch(int64_t batch) const {
   if (batch < 0 || batch >= num_batches()) {
-    throw std::out_of_range("DistributedSampler: batch " + std::to_string(batch) +
+    throw OutOfRangeError("DistributedSampler: batch " + std::to_string(batch) +
                             " of an epoch of " + std::to_string(num_batches()));
   }
   std::vector<int64_t> rows(options_.global_batch_size);

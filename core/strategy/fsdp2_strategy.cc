@@ -1,4 +1,5 @@
 #include "core/strategy/fsdp2_strategy.h"
+#include "core/common/error.h"
 
 #include <filesystem>
 
@@ -31,7 +32,7 @@ ParallelSize ParallelSize::Parse(const std::string& text) {
     if (used == text.size()) return Of(n);
   } catch (const std::exception&) {
   }
-  throw std::invalid_argument("parallel size must be \"auto\" or a number, got '" +
+  throw InvalidArgumentError("parallel size must be \"auto\" or a number, got '" +
                               text + "'");
 }
 
@@ -54,7 +55,7 @@ void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
     const int tp_size = mesh->size("tp");
     auto* provider = dynamic_cast<tp::TensorParallelPlanProvider*>(model.get());
     if (provider == nullptr) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "FSDP2Strategy: tensor_parallel_size " + std::to_string(tp_size) +
           " needs a tensor-parallel plan, but the model '" + model->name() +
           "' does not implement tp::TensorParallelPlanProvider; implement it, "
@@ -97,31 +98,31 @@ FSDP2Strategy::FSDP2Strategy(FSDP2StrategyOptions options)
        {std::make_pair("data_parallel_size", options_.data_parallel_size),
         std::make_pair("tensor_parallel_size", options_.tensor_parallel_size)}) {
     if (size.value && *size.value < 1) {
-      throw std::invalid_argument(std::string("FSDP2Strategy: ") + name +
+      throw InvalidArgumentError(std::string("FSDP2Strategy: ") + name +
                                   " must be \"auto\" or positive, got " +
                                   std::to_string(*size.value));
     }
   }
   if (options_.shard_group_size < 0) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "FSDP2Strategy: shard_group_size must be 0 (auto) or positive");
   }
   if (options_.cpu_offload) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "FSDP2Strategy: cpu_offload is not supported on this device: this "
         "build trains on the CPU, where parameters, gradients and optimizer "
         "state already live in host memory; set cpu_offload = false");
   }
   if (options_.backend != "gloo" && options_.backend != "nccl") {
-    throw std::invalid_argument("FSDP2Strategy: backend must be gloo or nccl, got '" +
+    throw InvalidArgumentError("FSDP2Strategy: backend must be gloo or nccl, got '" +
                                 options_.backend + "'");
   }
   if (options_.checkpoint_format != "sharded" && options_.checkpoint_format != "full") {
-    throw std::invalid_argument("FSDP2Strategy: checkpoint_format must be sharded or full, got '" +
+    throw InvalidArgumentError("FSDP2Strategy: checkpoint_format must be sharded or full, got '" +
                                 options_.checkpoint_format + "'");
   }
   if (options_.timeout.count() <= 0) {
-    throw std::invalid_argument("FSDP2Strategy: timeout must be positive");
+    throw InvalidArgumentError("FSDP2Strategy: timeout must be positive");
   }
 }
 
@@ -130,11 +131,11 @@ FSDP2Strategy::~FSDP2Strategy() = default;
 void FSDP2Strategy::require(bool setup, bool parallelized,
                             const char* what) const {
   if (setup && !world_) {
-    throw std::logic_error(std::string("FSDP2Strategy::") + what +
+    throw FailedPreconditionError(std::string("FSDP2Strategy::") + what +
                            ": call setup_environment() first");
   }
   if (parallelized && !parallelized_) {
-    throw std::logic_error(std::string("FSDP2Strategy::") + what +
+    throw FailedPreconditionError(std::string("FSDP2Strategy::") + what +
                            ": call connect() and parallelize() first");
   }
 }
@@ -142,14 +143,14 @@ void FSDP2Strategy::require(bool setup, bool parallelized,
 void FSDP2Strategy::require_optimizer(const char* what) const {
   require(/*setup=*/true, /*parallelized=*/true, what);
   if (!optimizer_) {
-    throw std::logic_error(std::string("FSDP2Strategy::") + what +
+    throw FailedPreconditionError(std::string("FSDP2Strategy::") + what +
                            ": the strategy was torn down (teardown() dropped the "
                            "optimizer); create a new strategy to train again");
   }
 }
 
 void FSDP2Strategy::setup_environment() {
-  if (world_) throw std::logic_error("FSDP2Strategy: setup_environment() was already called");
+  if (world_) throw FailedPreconditionError("FSDP2Strategy: setup_environment() was already called");
   cluster_ = ClusterEnvironment::Detect();
   const int world = cluster_.world_size;
   // "auto" (see FSDP2StrategyOptions): both auto is plain data parallelism;
@@ -158,7 +159,7 @@ void FSDP2Strategy::setup_environment() {
   const auto& tp_opt = options_.tensor_parallel_size.value;
   auto must_divide = [&](int given, const char* name, const char* other) {
     if (world % given != 0) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "FSDP2Strategy: " + std::string(name) + " " + std::to_string(given) +
           " does not divide the world size " + std::to_string(world) + ", so " +
           other + " \"auto\" has no value; choose a " + name +
@@ -181,14 +182,14 @@ void FSDP2Strategy::setup_environment() {
     tp = *tp_opt;
   }
   if (dp * tp != world) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "FSDP2Strategy: data_parallel_size (" + std::to_string(dp) +
         ") x tensor_parallel_size (" + std::to_string(tp) + ") = " +
         std::to_string(dp * tp) + ", but the job has " + std::to_string(world) +
         " ranks; make the product equal the world size or use \"auto\"");
   }
   if (tp > 1 && options_.sharding_strategy == fsdp::ShardingStrategy::kHybridShard) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "FSDP2Strategy: HYBRID_SHARD with tensor_parallel_size " +
         std::to_string(tp) + " is not supported (its replicate x shard mesh "
         "spans the whole world); use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD "
@@ -202,7 +203,7 @@ void FSDP2Strategy::setup_environment() {
       shard = local != nullptr ? std::atoi(local) : dp;
     }
     if (shard < 1 || dp % shard != 0) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "FSDP2Strategy: HYBRID_SHARD needs a 2-D (replicate x shard) mesh, "
           "but shard_group_size " + std::to_string(shard) +
           " does not divide data_parallel_size " + std::to_string(dp) +
@@ -221,10 +222,10 @@ void FSDP2Strategy::setup_environment() {
 
 void FSDP2Strategy::connect(std::shared_ptr<TrainingModule> module) {
   if (!module || !module->module()) {
-    throw std::invalid_argument("FSDP2Strategy::connect: no module");
+    throw InvalidArgumentError("FSDP2Strategy::connect: no module");
   }
   if (parallelized_) {
-    throw std::logic_error("FSDP2Strategy::connect: a module is already parallelized");
+    throw FailedPreconditionError("FSDP2Strategy::connect: a module is already parallelized");
   }
   module_ = std::move(module);
 }
@@ -232,7 +233,7 @@ void FSDP2Strategy::connect(std::shared_ptr<TrainingModule> module) {
 fsdp::DeferredInitGuard FSDP2Strategy::tensor_init_context() const {
   require(/*setup=*/true, /*parallelized=*/false, "tensor_init_context");
   if (parallelized_) {
-    throw std::logic_error(
+    throw FailedPreconditionError(
         "FSDP2Strategy::tensor_init_context: the model is already "
         "parallelized; build models under the context before parallelize()");
   }
@@ -241,14 +242,14 @@ fsdp::DeferredInitGuard FSDP2Strategy::tensor_init_context() const {
 
 void FSDP2Strategy::parallelize() {
   require(/*setup=*/true, /*parallelized=*/false, "parallelize");
-  if (!module_) throw std::logic_error("FSDP2Strategy::parallelize: call connect() first");
+  if (!module_) throw FailedPreconditionError("FSDP2Strategy::parallelize: call connect() first");
   if (parallelized_) {
     std::cerr << "fsdp2: FSDP2Strategy::parallelize() was already applied; "
                  "ignoring this call\n";
     return;
   }
   if (fsdp::DeferredInitGuard::active()) {
-    throw std::logic_error(
+    throw FailedPreconditionError(
         "FSDP2Strategy::parallelize: called inside tensor_init_context(); "
         "let the context end (close its scope) first");
   }
@@ -266,11 +267,15 @@ void FSDP2Strategy::parallelize() {
   if (tp_size_ > 1 && fsdp::has_deferred_tensors(*module_->module())) {
     // Materialisation replays each tensor at its full size and keeps FSDP's
     // rows; it does not know tensor-parallel blocks yet.
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "FSDP2Strategy::parallelize: a model built under tensor_init_context() "
         "cannot be tensor-parallel yet (tensor_parallel_size " +
         std::to_string(tp_size_) + "); build it eagerly or use "
         "tensor_parallel_size = 1");
+  }
+  std::vector<ParameterInfo> infos;
+  for (const auto& p : module_->module()->named_parameters(/*recurse=*/true)) {
+    infos.push_back({p.key(), p.value().sizes().vec(), p.value().scalar_type()});
   }
   fn(module_->module(), fsdp_options);
   if (fsdp::has_deferred_tensors(*module_->module())) {
@@ -278,9 +283,15 @@ void FSDP2Strategy::parallelize() {
   }
   optimizer_ = module_->configure_optimizers();
   if (!optimizer_) {
-    throw std::logic_error("FSDP2Strategy::parallelize: configure_optimizers() returned null");
+    throw InvalidArgumentError("FSDP2Strategy::parallelize: configure_optimizers() returned null");
   }
+  parameter_infos_ = std::move(infos);
   parallelized_ = true;
+}
+
+const std::vector<FSDP2Strategy::ParameterInfo>& FSDP2Strategy::parameter_infos() const {
+  require(/*setup=*/false, /*parallelized=*/true, "parameter_infos");
+  return parameter_infos_;
 }
 
 at::Tensor FSDP2Strategy::apply_loss_reduction(StepType step, const Batch& batch,
@@ -304,7 +315,7 @@ at::Tensor FSDP2Strategy::training_step(const Batch& batch, int64_t batch_idx) {
   at::Tensor loss = apply_loss_reduction(
       StepType::kTraining, batch, module_->training_step(batch, batch_idx));
   if (!loss.defined() || loss.numel() != 1) {
-    throw std::logic_error(
+    throw InvalidArgumentError(
         "FSDP2Strategy::training_step: the step (after its loss reduction) "
         "must give a scalar loss");
   }
@@ -358,11 +369,11 @@ DataLoader FSDP2Strategy::process_dataloader(Batch dataset,
                                              int64_t global_batch_size) const {
   require(true, false, "process_dataloader");
   if (dataset.empty()) {
-    throw std::invalid_argument("process_dataloader: the dataset has no tensors");
+    throw InvalidArgumentError("process_dataloader: the dataset has no tensors");
   }
   for (const auto& t : dataset) {
     if (!t.defined() || t.dim() == 0 || t.size(0) != dataset[0].size(0)) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "process_dataloader: every dataset tensor needs the same first "
           "dimension (the rows)");
     }
@@ -385,7 +396,7 @@ std::string FSDP2Strategy::optimizer_state_dict() const {
 
 void FSDP2Strategy::load_optimizer_state_dict(std::string state) {
   if (state.empty()) {
-    throw std::invalid_argument("load_optimizer_state_dict: empty state");
+    throw InvalidArgumentError("load_optimizer_state_dict: empty state");
   }
   pending_optimizer_state_ = std::move(state);
 }
@@ -408,7 +419,7 @@ void FSDP2Strategy::load_model_state_dict(
 
 void FSDP2Strategy::refuse_tensor_parallel_checkpoint(const char* what) const {
   if (tp_size_ > 1) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         std::string("FSDP2Strategy::") + what + ": checkpoints with "
         "tensor_parallel_size " + std::to_string(tp_size_) + " are not "
         "supported yet (the checkpoint formats hold FSDP row shards only); "
@@ -490,7 +501,7 @@ torch::optim::Optimizer& FSDP2Strategy::optimizer() {
 }
 
 TrainingModule& FSDP2Strategy::module() {
-  if (!module_) throw std::logic_error("FSDP2Strategy::module: call connect() first");
+  if (!module_) throw FailedPreconditionError("FSDP2Strategy::module: call connect() first");
   return *module_;
 }
 

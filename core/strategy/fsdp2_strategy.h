@@ -18,8 +18,10 @@
 //   strategy.teardown();
 //
 // Every method that communicates is collective over all ranks. Errors are
-// std::invalid_argument (bad options, with what to change) or
-// std::logic_error (calls in the wrong order).
+// fsdp2::Error (core/common/error.h): InvalidArgumentError (bad options,
+// with what to change, a std::invalid_argument), FailedPreconditionError
+// (calls in the wrong order, a std::logic_error), IoError (checkpoints) and
+// the communication errors of core/comm.
 #ifndef FSDP2_CORE_STRATEGY_FSDP2_STRATEGY_H_
 #define FSDP2_CORE_STRATEGY_FSDP2_STRATEGY_H_
 
@@ -229,6 +231,20 @@ class FSDP2Strategy {
   EpochStep current_epoch_step() const { return {epoch_, global_step_}; }
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
 
+  // A parameter as the model was built, before parallelize() sharded it.
+  struct ParameterInfo {
+    std::string name;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype;
+  };
+  // Whether parallelize() has been applied.
+  bool parallelized() const { return parallelized_; }
+  // Every parameter of the connected model, in named_parameters() order,
+  // with its name, shape and dtype from before parallelize(): the names
+  // load_model_state_dict and lightning_module_state_dict use. Throws
+  // FailedPreconditionError before parallelize().
+  const std::vector<ParameterInfo>& parameter_infos() const;
+
   const FSDP2StrategyOptions& options() const { return options_; }
   const ClusterEnvironment& cluster() const { return cluster_; }
   const std::shared_ptr<comm::World>& world() const { return world_; }
@@ -259,6 +275,7 @@ class FSDP2Strategy {
   std::shared_ptr<TrainingModule> module_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   bool parallelized_ = false;
+  std::vector<ParameterInfo> parameter_infos_;
   c10::optional<std::string> pending_optimizer_state_;
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;

@@ -1,4 +1,5 @@
 #include "core/strategy/optimizer.h"
+#include "core/common/error.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -13,7 +14,7 @@ OptimizerKind ParseOptimizerKind(const std::string& name) {
   if (name == "adamw") return OptimizerKind::kAdamW;
   if (name == "adam") return OptimizerKind::kAdam;
   if (name == "sgd") return OptimizerKind::kSGD;
-  throw std::invalid_argument("unknown optimizer '" + name +
+  throw InvalidArgumentError("unknown optimizer '" + name +
                               "' (known: adamw, adam, sgd)");
 }
 
@@ -47,7 +48,7 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
                       .momentum(o.momentum)
                       .weight_decay(o.weight_decay));
   }
-  throw std::invalid_argument("unknown optimizer kind " +
+  throw InvalidArgumentError("unknown optimizer kind " +
                               std::to_string(static_cast<int>(o.kind)));
 }
 

@@ -1,4 +1,6 @@
 #include "core/strategy/trainer.h"
+#include "core/common/error.h"
+#include "core/strategy/micro_batch_step.h"
 
 #include <ATen/ATen.h>
 #include <sys/resource.h>
@@ -36,10 +38,10 @@ std::string Duration(double seconds) {
 Trainer::Trainer(FSDP2Strategy& strategy, TrainerOptions options)
     : strategy_(strategy), options_(std::move(options)) {
   if (options_.accumulate_grad_batches < 1) {
-    throw std::invalid_argument("Trainer: accumulate_grad_batches must be at least 1");
+    throw InvalidArgumentError("Trainer: accumulate_grad_batches must be at least 1");
   }
   if (options_.max_epochs < 1 && options_.max_steps < 0) {
-    throw std::invalid_argument("Trainer: set max_epochs >= 1 or max_steps >= 0");
+    throw InvalidArgumentError("Trainer: set max_epochs >= 1 or max_steps >= 0");
   }
   if (options_.log_every_n_steps < 1) options_.log_every_n_steps = 1;
   show_bar_ = options_.progress_bar == 1 ||
@@ -50,7 +52,7 @@ const std::vector<StepMetrics>& Trainer::fit(DataLoader& train, DataLoader* val)
   const int accum = options_.accumulate_grad_batches;
   const int64_t steps_per_epoch = train.num_batches() / accum;
   if (steps_per_epoch < 1) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "Trainer::fit: an epoch has " + std::to_string(train.num_batches()) +
         " batches, fewer than accumulate_grad_batches (" + std::to_string(accum) + ")");
   }
@@ -71,19 +73,16 @@ const std::vector<StepMetrics>& Trainer::fit(DataLoader& train, DataLoader* val)
     if (first < 0 || first >= steps_per_epoch * accum) first = 0;
     for (int64_t b = first; b + accum <= steps_per_epoch * accum && step < total; b += accum) {
       const auto t0 = std::chrono::steady_clock::now();
-      double loss_sum = 0;
-      for (int micro = 0; micro < accum; ++micro) {
-        at::Tensor loss = strategy_.training_step(train.batch(b + micro), b + micro);
-        strategy_.backward(loss / accum, /*sync_gradients=*/micro == accum - 1);
-        loss_sum += loss.item<double>();
-      }
+      const MicroBatchStepResult r = MicroBatchStep(
+          strategy_, accum, [&](int micro) { return MicroBatch{train.batch(b + micro), b + micro}; },
+          options_.gradient_clip_val);
       StepMetrics m;
-      m.grad_norm = strategy_.optimizer_step(options_.gradient_clip_val);
+      m.grad_norm = r.grad_norm;
       m.step = ++step;
       m.epoch = epoch;
       // One all-reduce carries the loss and every rank's peak memory.
       at::Tensor shared = at::zeros({1 + n}, at::kDouble);
-      shared[0] = loss_sum / accum;
+      shared[0] = r.local_loss;
       shared[1 + strategy_.world()->rank()] = static_cast<double>(PeakRssBytes());
       strategy_.world()->group()->all_reduce(shared).wait();
       m.loss = shared[0].item<double>() / n;
@@ -124,7 +123,7 @@ const std::vector<StepMetrics>& Trainer::fit(DataLoader& train, DataLoader* val)
 double Trainer::evaluate(DataLoader& data, bool test) {
   int64_t batches = data.num_batches();
   if (options_.limit_val_batches >= 0) batches = std::min(batches, options_.limit_val_batches);
-  if (batches < 1) throw std::invalid_argument("Trainer: no batches to evaluate");
+  if (batches < 1) throw InvalidArgumentError("Trainer: no batches to evaluate");
   double sum = 0;
   for (int64_t b = 0; b < batches; ++b) {
     at::Tensor loss = test ? strategy_.test_step(data.batch(b), b)
@@ -177,7 +176,7 @@ void Trainer::write_outputs_header() {
   for (const auto* path : {&options_.metrics_jsonl, &options_.metrics_csv}) {
     if (path->empty()) continue;
     std::ofstream f(*path, std::ios::trunc);
-    if (!f) throw std::runtime_error("Trainer: cannot write " + *path);
+    if (!f) throw IoError("Trainer: cannot write " + *path);
     if (path == &options_.metrics_csv) {
       f << "step,epoch,loss,grad_norm,throughput,step_ms,val_loss,peak_rss_bytes_max\n";
     }
@@ -212,7 +211,7 @@ void Trainer::write_metrics(const StepMetrics& m) {
 void Trainer::write_loss_curve() const {
   if (options_.loss_curve_svg.empty()) return;
   std::ofstream f(options_.loss_curve_svg);
-  if (!f) throw std::runtime_error("Trainer: cannot write " + options_.loss_curve_svg);
+  if (!f) throw IoError("Trainer: cannot write " + options_.loss_curve_svg);
   f << LossCurveSvg(history_);
 }
 

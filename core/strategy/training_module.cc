@@ -1,4 +1,5 @@
 #include "core/strategy/training_module.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 
@@ -19,13 +20,13 @@ const char* ToString(StepType step) {
 
 at::Tensor LossReduction::reduce(const std::vector<at::Tensor>& losses) {
   if (losses.empty()) {
-    throw std::invalid_argument("LossReduction::reduce: no losses");
+    throw InvalidArgumentError("LossReduction::reduce: no losses");
   }
   return at::stack(losses).mean();
 }
 
 at::Tensor TrainingModule::validation_step(const Batch&, int64_t) {
-  throw std::logic_error(
+  throw InvalidArgumentError(
       "this TrainingModule does not implement validation_step");
 }
 
@@ -34,7 +35,7 @@ at::Tensor TrainingModule::test_step(const Batch& batch, int64_t batch_idx) {
 }
 
 at::Tensor TrainingModule::predict_step(const Batch&, int64_t) {
-  throw std::logic_error("this TrainingModule does not implement predict_step");
+  throw InvalidArgumentError("this TrainingModule does not implement predict_step");
 }
 
 }  // namespace strategy

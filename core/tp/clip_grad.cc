@@ -1,4 +1,5 @@
 #include "core/tp/clip_grad.h"
+#include "core/common/error.h"
 
 #include <stdexcept>
 
@@ -15,7 +16,7 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm,
     split.names.insert(p.name);
     if (p.group && p.group->size() > 1) {
       if (split.group && split.group != p.group) {
-        throw std::invalid_argument(
+        throw InvalidArgumentError(
             "tp::clip_grad_norm_: the model's tensor-parallel layers use "
             "different groups; clip each group's parameters separately");
       }

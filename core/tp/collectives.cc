@@ -1,4 +1,5 @@
 #include "core/tp/collectives.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -35,7 +36,7 @@ at::Tensor AllReduced(const at::Tensor& x, comm::ProcessGroup& group) {
 int64_t WrapDim(int64_t dim, const at::Tensor& x) {
   const int64_t n = x.dim();
   if (dim < -n || dim >= n) {
-    throw std::invalid_argument("tensor parallel: dim " + std::to_string(dim) +
+    throw InvalidArgumentError("tensor parallel: dim " + std::to_string(dim) +
                                 " is out of range for a tensor of " +
                                 std::to_string(n) + " dims");
   }
@@ -45,7 +46,7 @@ int64_t WrapDim(int64_t dim, const at::Tensor& x) {
 at::Tensor OwnSlice(const at::Tensor& x, comm::ProcessGroup& group, int64_t dim) {
   const int64_t size = x.size(dim);
   if (size % group.size() != 0) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "tensor parallel: cannot split size " + std::to_string(size) +
         " of dim " + std::to_string(dim) + " evenly over " +
         std::to_string(group.size()) + " tensor-parallel ranks; make it a "

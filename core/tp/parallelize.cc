@@ -1,4 +1,5 @@
 #include "core/tp/parallelize.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/embedding.h>
@@ -110,7 +111,7 @@ void CheckEven(const std::string& path, const char* what, int64_t size,
     s << " cannot be split evenly over tensor_parallel_size " << tp
       << "; choose a tensor_parallel_size that divides "
       << (parts > 1 ? size / parts : size);
-    throw std::invalid_argument(s.str());
+    throw InvalidArgumentError(s.str());
   }
 }
 
@@ -127,7 +128,7 @@ std::shared_ptr<Layer> ApplyLinear(torch::nn::LinearImpl& linear, Layer layer) {
   const int64_t out = linear.weight.size(0), in = linear.weight.size(1);
   const bool colwise = layer.style.kind == ParallelStyle::Kind::kColwise;
   if (layer.style.fused_parts < 1 || (!colwise && layer.style.fused_parts != 1)) {
-    throw std::invalid_argument("parallelize_module: '" + layer.path +
+    throw InvalidArgumentError("parallelize_module: '" + layer.path +
                                 "': fused_parts must be 1 for a row-wise split "
                                 "and positive for a column-wise one");
   }
@@ -157,20 +158,20 @@ std::shared_ptr<Layer> ApplyEmbedding(torch::nn::EmbeddingImpl& embedding,
                                       Layer layer) {
   const auto& o = embedding.options;
   if (o.max_norm().has_value() || o.sparse()) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "parallelize_module: '" + layer.path +
         "': an Embedding with max_norm or sparse gradients cannot be split; "
         "unset them or leave this module out of the plan");
   }
   const bool colwise = layer.style.kind == ParallelStyle::Kind::kColwise;
   if (!colwise && o.padding_idx().has_value()) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "parallelize_module: '" + layer.path +
         "': a row-wise (vocab-parallel) Embedding does not support padding_idx; "
         "use a column-wise split or unset padding_idx");
   }
   if (layer.style.fused_parts != 1) {
-    throw std::invalid_argument("parallelize_module: '" + layer.path +
+    throw InvalidArgumentError("parallelize_module: '" + layer.path +
                                 "': fused_parts applies to Linear only");
   }
   const int64_t rows = embedding.weight.size(0), dims = embedding.weight.size(1);
@@ -206,7 +207,7 @@ at::Tensor ForwardLinear(const Layer& layer, torch::nn::LinearImpl& linear,
                       ? x
                       : scatter_to_tensor_parallel(x, g, -1);
   if (in.size(-1) != layer.local_in) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "tp::forward: row-wise '" + layer.path + "' expects " +
         std::to_string(layer.local_in) + " input features per rank, got " +
         std::to_string(in.size(-1)) + (layer.style.input_is_sharded
@@ -240,7 +241,7 @@ at::Tensor ForwardEmbedding(const Layer& layer,
 void parallelize_module(const std::shared_ptr<torch::nn::Module>& root,
                         const std::shared_ptr<comm::ProcessGroup>& group,
                         const TensorParallelPlan& plan) {
-  if (!root) throw std::invalid_argument("parallelize_module: module is null");
+  if (!root) throw InvalidArgumentError("parallelize_module: module is null");
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules{
       {"", root}};
   for (const auto& item : root->named_modules("", /*include_self=*/false)) {
@@ -248,7 +249,7 @@ void parallelize_module(const std::shared_ptr<torch::nn::Module>& root,
   }
   for (const auto& [path, m] : modules) {
     if (fsdp::unit_of(*m)) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "parallelize_module: '" + (path.empty() ? root->name() : path) +
           "' is already FSDP-sharded; apply tensor parallelism first, then "
           "fully_shard");
@@ -265,18 +266,18 @@ void parallelize_module(const std::shared_ptr<torch::nn::Module>& root,
       const bool embedding =
           dynamic_cast<torch::nn::EmbeddingImpl*>(m.get()) != nullptr;
       if (!linear && !embedding) {
-        throw std::invalid_argument(
+        throw InvalidArgumentError(
             "parallelize_module: plan entry '" + entry.pattern + "' names '" +
             path + "', a " + m->name() +
             "; tensor-parallel styles apply to Linear and Embedding only");
       }
       if (is_tensor_parallel(*m)) {
-        throw std::invalid_argument("parallelize_module: '" + path +
+        throw InvalidArgumentError("parallelize_module: '" + path +
                                     "' is already tensor-parallel");
       }
       for (const auto& other : todo) {
         if (other.first == m) {
-          throw std::invalid_argument("parallelize_module: '" + path +
+          throw InvalidArgumentError("parallelize_module: '" + path +
                                       "' matches two plan entries");
         }
       }
@@ -291,7 +292,7 @@ void parallelize_module(const std::shared_ptr<torch::nn::Module>& root,
       todo.emplace_back(m, std::move(layer));
     }
     if (!matched) {
-      throw std::invalid_argument("parallelize_module: plan entry '" +
+      throw InvalidArgumentError("parallelize_module: plan entry '" +
                                   entry.pattern +
                                   "' matches no module of the model");
     }
@@ -370,7 +371,7 @@ at::Tensor full_from_local(const ShardedParameter& p, const at::Tensor& local) {
 
 at::Tensor local_from_full(const ShardedParameter& p, const at::Tensor& full) {
   if (full.sizes().vec() != p.full_shape) {
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "tensor parallel: '" + p.name + "' has shape " + c10::str(full.sizes()) +
         " but the model expects " + c10::str(at::IntArrayRef(p.full_shape)));
   }

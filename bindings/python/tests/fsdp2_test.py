@@ -120,6 +120,24 @@ def test_version():
     assert fsdp2.abi_version() >= 1000
 
 
+def test_every_status_of_the_header_has_its_exception_class():
+    from fsdp2 import _status, fsdp2_c
+    # The generated table holds every FSDP2_ERROR_* constant SWIG took from
+    # the header, with SWIG's value.
+    header = {name for name in dir(fsdp2_c) if name.startswith("FSDP2_ERROR_")}
+    assert {"FSDP2_ERROR_" + n for n in _status.STATUSES if n != "OK"} == header
+    for name, code in _status.STATUSES.items():
+        assert code == getattr(fsdp2_c, "FSDP2_OK" if name == "OK" else "FSDP2_ERROR_" + name)
+        if name == "OK":
+            continue
+        # Each error status has its own class, not the catch-all base.
+        assert name in fsdp2._ERROR_CLASSES, f"status {name} has no exception class"
+        cls = fsdp2._ERRORS[code]
+        assert cls is not fsdp2.Error and issubclass(cls, fsdp2.Error)
+        error = fsdp2._make_error(code, fsdp2_c.fsdp2_status_name(code), "message")
+        assert isinstance(error, cls) and error.status == "FSDP2_ERROR_" + name
+
+
 def test_unknown_option_raises_with_the_c_message():
     with pytest.raises(fsdp2.InvalidArgumentError, match='unknown option "data_paralel_size"'):
         fsdp2.FSDP2Strategy(data_paralel_size=2)

@@ -1,4 +1,5 @@
 #include "core/checkpoint/internal/optimizer_state.h"
+#include "core/common/error.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -51,7 +52,7 @@ std::string OptimizerKind(torch::optim::Optimizer* o) {
   if (dynamic_cast<torch::optim::AdamW*>(o)) return "adamw";
   if (dynamic_cast<torch::optim::Adam*>(o)) return "adam";
   if (dynamic_cast<torch::optim::SGD*>(o)) return "sgd";
-  throw std::invalid_argument(
+  throw InvalidArgumentError(
       "checkpoint: optimizer state is saved for AdamW, Adam and SGD only");
 }
 
@@ -79,7 +80,7 @@ void SetState(torch::optim::Optimizer& o, const std::string& kind, const at::Ten
     if (m != st.tensors.end()) sgd->momentum_buffer(m->second);
     s = std::move(sgd);
   }
-  if (!s) throw std::invalid_argument("checkpoint: no optimizer state of kind " + kind);
+  if (!s) throw InvalidArgumentError("checkpoint: no optimizer state of kind " + kind);
   o.state()[StateKey(p)] = std::move(s);
 }
 
@@ -93,12 +94,12 @@ void CheckOptimizerHolds(torch::optim::Optimizer& optimizer,
   }
   for (const auto& [name, p] : params) {
     if (!held.count(p.unsafeGetTensorImpl())) {
-      throw std::runtime_error(where + ": has optimizer state for '" + name +
+      throw IoError(where + ": has optimizer state for '" + name +
                                "', which the optimizer does not hold");
     }
   }
   if (params.size() != held.size()) {
-    throw std::runtime_error(where + ": has optimizer state for " + std::to_string(params.size()) +
+    throw IoError(where + ": has optimizer state for " + std::to_string(params.size()) +
                              " parameters but the optimizer holds " +
                              std::to_string(held.size()));
   }
@@ -129,7 +130,7 @@ void SetGroupOptions(torch::optim::Optimizer& optimizer, const std::string& kind
                      const std::string& json, const std::string& where) {
   const auto groups = nlohmann::json::parse(json);
   if (groups.size() != optimizer.param_groups().size()) {
-    throw std::runtime_error(where + ": has " + std::to_string(groups.size()) +
+    throw IoError(where + ": has " + std::to_string(groups.size()) +
                              " optimizer parameter groups but the optimizer has " +
                              std::to_string(optimizer.param_groups().size()));
   }

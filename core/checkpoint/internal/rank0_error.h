@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/comm/world.h"
+#include "core/common/error.h"
 
 namespace fsdp2 {
 namespace checkpoint {
@@ -25,7 +26,7 @@ inline void ShareRank0Error(
   at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble);
   world.group()->broadcast(failed, 0).wait();
   if (failed.item<double>() != 0) {
-    throw std::runtime_error(world.rank() == 0 ? error : other_ranks_error);
+    throw IoError(world.rank() == 0 ? error : other_ranks_error);
   }
 }
 

@@ -1,4 +1,5 @@
 #include "core/comm/internal/c10d_collectives.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 
@@ -21,7 +22,7 @@ constexpr int64_t kSegmentBytes = 1 << 20;
 void Wait(const c10::intrusive_ptr<::c10d::Work>& work,
           std::chrono::milliseconds timeout) {
   if (!work->wait(timeout)) {
-    throw std::runtime_error("timed out after " +
+    throw TimeoutError("timed out after " +
                              std::to_string(timeout.count()) + " ms");
   }
 }

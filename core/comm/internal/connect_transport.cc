@@ -1,4 +1,5 @@
 #include "core/comm/internal/connect_transport.h"
+#include "core/common/error.h"
 
 #include <unistd.h>
 
@@ -63,13 +64,13 @@ std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options) {
     return NcclTransport::Connect(options.store, options.rank, options.world,
                                   options.timeout);
 #else
-    throw std::invalid_argument(
+    throw InvalidArgumentError(
         "backend 'nccl' needs a CUDA build of LibTorch; this build has only "
         "gloo");
 #endif
   }
   if (options.backend != "gloo") {
-    throw std::invalid_argument("unknown backend '" + options.backend +
+    throw InvalidArgumentError("unknown backend '" + options.backend +
                                 "' (expected gloo or nccl)");
   }
   std::unique_ptr<Transport> gloo =

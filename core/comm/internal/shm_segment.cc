@@ -1,4 +1,5 @@
 #include "core/comm/internal/shm_segment.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -185,12 +186,12 @@ void ShmSegment::sync() {
         continue;  // woken, or the word had already changed
       }
       if (ProcessExited(peer->pid)) {
-        throw std::runtime_error("rank " + std::to_string(k) + " (pid " +
+        throw CommunicationError("rank " + std::to_string(k) + " (pid " +
                                  std::to_string(peer->pid) +
                                  ") exited during a shared-memory collective");
       }
       if (std::chrono::steady_clock::now() > deadline) {
-        throw std::runtime_error(
+        throw TimeoutError(
             "timed out after " + std::to_string(timeout_.count()) +
             " ms waiting for rank " + std::to_string(k) +
             " in a shared-memory collective");

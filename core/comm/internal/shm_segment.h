@@ -9,7 +9,7 @@
 // over the sequence words: it spins briefly and then sleeps on a futex, so
 // ranks that outnumber the cores do not burn them. A rank that does not
 // arrive within the timeout, or whose process has exited, makes the waiting
-// ranks throw std::runtime_error naming it.
+// ranks throw CommunicationError (TimeoutError) naming it.
 //
 // Calls must come from one thread at a time, and every rank must sync the
 // same number of times. Internal to core/comm.

@@ -1,4 +1,5 @@
 #include "core/fsdp/internal/fsdp_param_group.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 
@@ -48,11 +49,11 @@ struct Groups {
 // The groups `options.strategy` shards and replicates over on its mesh.
 Groups PickGroups(const FSDPOptions& options) {
   const auto& mesh = options.mesh;
-  if (!mesh) throw std::invalid_argument("fully_shard: options.mesh is null");
+  if (!mesh) throw InvalidArgumentError("fully_shard: options.mesh is null");
   const auto& dims = mesh->dim_names();
   auto pick = [&](const std::string& asked, const std::string& fallback) {
     if (!asked.empty() && !mesh->has_dim(asked)) {
-      throw std::invalid_argument("fully_shard: " + mesh->ToString() +
+      throw InvalidArgumentError("fully_shard: " + mesh->ToString() +
                                   " has no dimension '" + asked + "'");
     }
     return asked.empty() ? fallback : asked;
@@ -62,7 +63,7 @@ Groups PickGroups(const FSDPOptions& options) {
     case ShardingStrategy::kFullShard:
     case ShardingStrategy::kShardGradOp:
       if (mesh->ndim() != 1 && options.shard_dim.empty()) {
-        throw std::invalid_argument(
+        throw InvalidArgumentError(
             std::string("fully_shard: ") + ToString(options.strategy) +
             " needs a 1-D mesh or options.shard_dim; got " + mesh->ToString());
       }
@@ -70,7 +71,7 @@ Groups PickGroups(const FSDPOptions& options) {
       break;
     case ShardingStrategy::kNoShard:
       if (mesh->ndim() != 1 && options.replicate_dim.empty()) {
-        throw std::invalid_argument(
+        throw InvalidArgumentError(
             "fully_shard: NO_SHARD needs a 1-D mesh or options.replicate_dim; "
             "got " + mesh->ToString());
       }
@@ -78,14 +79,14 @@ Groups PickGroups(const FSDPOptions& options) {
       break;
     case ShardingStrategy::kHybridShard:
       if (mesh->ndim() != 2) {
-        throw std::invalid_argument(
+        throw InvalidArgumentError(
             "fully_shard: HYBRID_SHARD needs a 2-D mesh (replicate, shard); "
             "got " + mesh->ToString());
       }
       replicate_dim = pick(options.replicate_dim, dims.front());
       shard_dim = pick(options.shard_dim, dims.back());
       if (replicate_dim == shard_dim) {
-        throw std::invalid_argument(
+        throw InvalidArgumentError(
             "fully_shard: HYBRID_SHARD needs distinct replicate and shard dims");
       }
       break;
@@ -129,12 +130,12 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
       own_dtype = p.scalar_type();
       device = p.device();
     } else if (p.device() != device) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           "fully_shard: parameters on different devices: '" +
           params_[0].name() + "' on " + device.str() + ", '" +
           params_[i].name() + "' on " + p.device().str());
     } else if (p.scalar_type() != own_dtype) {
-      throw std::invalid_argument(
+      throw InvalidArgumentError(
           std::string("fully_shard: parameters of different dtypes: '") +
           params_[0].name() + "' is " + c10::toString(own_dtype) + ", '" +
           params_[i].name() + "' is " + c10::toString(p.scalar_type()) +

@@ -1,4 +1,5 @@
 #include "core/fsdp/internal/fsdp_unit.h"
+#include "core/common/error.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -108,7 +109,7 @@ std::shared_ptr<FSDPRootState> FSDPUnit::init_as_root() {
 
 void FSDPUnit::pre_forward() {
   if (group_.deferred()) {
-    throw std::logic_error(
+    throw FailedPreconditionError(
         "fsdp::forward: the parameters of '" + module_->name() + "' are still "
         "on the meta device (built under tensor_init_context()); call "
         "fsdp::materialize_module(root) or FSDP2Strategy::parallelize() first");

@@ -1,4 +1,5 @@
 #include "core/fsdp/internal/unit_registry.h"
+#include "core/common/error.h"
 
 #include <stdexcept>
 
@@ -44,7 +45,7 @@ void UnitRegistry::add(const std::shared_ptr<torch::nn::Module>& module,
     }
   }
   if (entries_.count(module.get())) {
-    throw std::invalid_argument("fully_shard: module '" + module->name() +
+    throw InvalidArgumentError("fully_shard: module '" + module->name() +
                                 "' is already sharded; apply fully_shard "
                                 "once per module");
   }

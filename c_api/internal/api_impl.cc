@@ -1,0 +1,68 @@
+#include "c_api/internal/api_impl.h"
+
+#include <c10/util/Exception.h>
+
+#include <filesystem>
+#include <new>
+#include <stdexcept>
+
+namespace fsdp2 {
+namespace c_api {
+namespace {
+
+thread_local std::string last_error;
+
+fsdp2_status_t Fail(fsdp2_status_t status, const std::string& message) {
+  last_error = message;
+  return status;
+}
+
+}  // namespace
+
+fsdp2_status_t StatusOf(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument: return FSDP2_ERROR_INVALID_ARGUMENT;
+    case ErrorCode::kShape: return FSDP2_ERROR_SHAPE;
+    case ErrorCode::kInvalidHandle: return FSDP2_ERROR_INVALID_HANDLE;
+    case ErrorCode::kFailedPrecondition: return FSDP2_ERROR_WRONG_ORDER;
+    case ErrorCode::kNotFound:
+    case ErrorCode::kIo: return FSDP2_ERROR_IO;
+    case ErrorCode::kCommunication:
+    case ErrorCode::kTimeout: return FSDP2_ERROR_RUNTIME;
+    case ErrorCode::kOutOfMemory: return FSDP2_ERROR_OUT_OF_MEMORY;
+    case ErrorCode::kInternal: return FSDP2_ERROR_INTERNAL;
+  }
+  return FSDP2_ERROR_INTERNAL;
+}
+
+fsdp2_status_t StatusOfCurrentException(fsdp2_status_t uncoded_status) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return Fail(StatusOf(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    return Fail(FSDP2_ERROR_OUT_OF_MEMORY, "out of memory");
+  } catch (const c10::Error& e) {
+    return Fail(uncoded_status, e.what_without_backtrace());
+  } catch (const std::filesystem::filesystem_error& e) {
+    return Fail(FSDP2_ERROR_IO, e.what());
+  } catch (const std::invalid_argument& e) {
+    return Fail(FSDP2_ERROR_INVALID_ARGUMENT, e.what());
+  } catch (const std::logic_error& e) {
+    return Fail(FSDP2_ERROR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (const std::exception& e) {
+    return Fail(uncoded_status, e.what());
+  } catch (...) {
+    return Fail(FSDP2_ERROR_INTERNAL, "unknown exception");
+  }
+}
+
+void SetLastError(const std::string& message) { last_error = message; }
+const char* LastError() { return last_error.c_str(); }
+
+void Require(bool ok, const std::string& message) {
+  if (!ok) throw InvalidArgumentError(message);
+}
+
+}  // namespace c_api
+}  // namespace fsdp2

@@ -1,0 +1,73 @@
+// fsdp2/c_api/model.cc
+//
+// fsdp2_model_t: built-in model families from JSON, deferred (meta) builds
+// under a strategy, TorchScript files (see internal/builtin_modules.h).
+#include "c_api/fsdp2.h"
+#include "c_api/internal/api_impl.h"
+#include "c_api/internal/builtin_modules.h"
+#include "c_api/internal/handles.h"
+#include "core/fsdp/fully_shard.h"
+
+using namespace fsdp2::c_api;  // NOLINT: the entry points below are C
+
+extern "C" {
+
+fsdp2_status_t fsdp2_model_create(const char* config_json, fsdp2_model_t** out) {
+  FSDP2_API_BEGIN
+  NotNull(out, "out");
+  NotNull(config_json, "config_json");
+  auto state = std::make_shared<ModelState>();
+  state->module = CreateBuiltinModule(config_json);
+  *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
+  FSDP2_API_END
+}
+
+fsdp2_status_t fsdp2_model_create_deferred(fsdp2_strategy_t* strategy, const char* config_json,
+                                           fsdp2_model_t** out) {
+  FSDP2_API_BEGIN
+  auto s = GetStrategy(strategy);
+  NotNull(out, "out");
+  NotNull(config_json, "config_json");
+  auto state = std::make_shared<ModelState>();
+  {
+    auto deferred = s->strategy->tensor_init_context();  // until the model is built
+    state->module = CreateBuiltinModule(config_json);
+  }
+  *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
+  FSDP2_API_END
+}
+
+fsdp2_status_t fsdp2_model_load_torchscript(const char* path, const char* loss,
+                                            fsdp2_model_t** out) {
+  FSDP2_API_BEGIN
+  NotNull(out, "out");
+  NotNull(path, "path");
+  NotNull(loss, "loss");
+  auto state = std::make_shared<ModelState>();
+  state->module = LoadTorchScriptModule(path, loss);
+  *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
+  FSDP2_API_END_FILE
+}
+
+void fsdp2_model_destroy(fsdp2_model_t* model) {
+  if (model != nullptr) RemoveHandle(IdOf(model), Kind::kModel);
+}
+
+fsdp2_status_t fsdp2_model_num_parameters(const fsdp2_model_t* model, int64_t* num_tensors,
+                                          int64_t* num_elements) {
+  FSDP2_API_BEGIN
+  auto m = GetModel(model);
+  int64_t tensors = 0, elements = 0;
+  // Under FSDP the registered parameters are shards: count global sizes.
+  for (const auto& info : fsdp2::fsdp::shard_info(*m->module->module(), 0)) {
+    int64_t n = 1;
+    for (int64_t s : info.global_shape) n *= s;
+    ++tensors;
+    elements += n;
+  }
+  if (num_tensors) *num_tensors = tensors;
+  if (num_elements) *num_elements = elements;
+  FSDP2_API_END
+}
+
+}  // extern "C"

@@ -1,0 +1,99 @@
+// fsdp2/c_api/options.cc
+//
+// The option structs' JSON readers (*_from_json). A new option gets its
+// JSON key here, and its default and conversion in internal/options.cc (see
+// c_api/README.md).
+#include "c_api/fsdp2.h"
+#include "c_api/internal/api_impl.h"
+#include "c_api/internal/options.h"
+
+using namespace fsdp2::c_api;  // NOLINT: the entry points below are C
+
+extern "C" {
+
+fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
+                                                fsdp2_strategy_options_t* options) {
+  FSDP2_API_BEGIN
+  NotNull(options, "options");
+  const nlohmann::json config = ParseObject(json, "strategy options");
+  fsdp2_strategy_options_t o;
+  fsdp2_strategy_options_init(&o);
+  CopyGrown(&o, options);
+  const char* known =
+      "data_parallel_size, tensor_parallel_size, sharding_strategy, "
+      "reshard_after_forward, shard_group_size, precision, cpu_offload, backend, "
+      "timeout_ms, checkpoint_format, seed, shuffle, drop_last";
+  for (const auto& [key, v] : config.items()) {
+    if (key == "data_parallel_size") {
+      o.data_parallel_size = JsonSize(v, key);
+    } else if (key == "tensor_parallel_size") {
+      o.tensor_parallel_size = JsonSize(v, key);
+    } else if (key == "sharding_strategy") {
+      o.sharding_strategy = JsonEnum<int32_t>(
+          v, key, {{"full_shard", FSDP2_FULL_SHARD}, {"shard_grad_op", FSDP2_SHARD_GRAD_OP},
+                   {"no_shard", FSDP2_NO_SHARD}, {"hybrid_shard", FSDP2_HYBRID_SHARD}});
+    } else if (key == "reshard_after_forward") {
+      o.reshard_after_forward = v.is_null() ? -1 : JsonBool(v, key);
+    } else if (key == "shard_group_size") {
+      o.shard_group_size = JsonNumber<int32_t>(v, key);
+    } else if (key == "precision") {
+      o.precision = JsonEnum<int32_t>(
+          v, key, {{"fp32", FSDP2_PRECISION_FP32}, {"bf16", FSDP2_PRECISION_BF16}});
+    } else if (key == "cpu_offload") {
+      o.cpu_offload = JsonBool(v, key);
+    } else if (key == "backend") {
+      o.backend = JsonEnum<int32_t>(
+          v, key, {{"gloo", FSDP2_BACKEND_GLOO}, {"nccl", FSDP2_BACKEND_NCCL}});
+    } else if (key == "timeout_ms") {
+      o.timeout_ms = JsonNumber<int64_t>(v, key);
+    } else if (key == "checkpoint_format") {
+      o.checkpoint_format = JsonEnum<int32_t>(
+          v, key, {{"sharded", FSDP2_CHECKPOINT_SHARDED}, {"full", FSDP2_CHECKPOINT_FULL}});
+    } else if (key == "seed") {
+      o.seed = JsonNumber<uint64_t>(v, key);
+    } else if (key == "shuffle") {
+      o.shuffle = JsonBool(v, key);
+    } else if (key == "drop_last") {
+      o.drop_last = JsonBool(v, key);
+    } else {
+      UnknownKey(key, known);
+    }
+  }
+  CopyBack(o, options);
+  FSDP2_API_END
+}
+
+fsdp2_status_t fsdp2_optimizer_options_from_json(const char* json,
+                                                 fsdp2_optimizer_options_t* options) {
+  FSDP2_API_BEGIN
+  NotNull(options, "options");
+  const nlohmann::json config = ParseObject(json, "optimizer options");
+  fsdp2_optimizer_options_t o;
+  fsdp2_optimizer_options_init(&o);
+  CopyGrown(&o, options);
+  for (const auto& [key, v] : config.items()) {
+    if (key == "kind") {
+      o.kind = JsonEnum<int32_t>(
+          v, key, {{"adamw", FSDP2_OPTIMIZER_ADAMW}, {"adam", FSDP2_OPTIMIZER_ADAM},
+                   {"sgd", FSDP2_OPTIMIZER_SGD}});
+    } else if (key == "lr") {
+      o.lr = JsonNumber<double>(v, key);
+    } else if (key == "beta1") {
+      o.beta1 = JsonNumber<double>(v, key);
+    } else if (key == "beta2") {
+      o.beta2 = JsonNumber<double>(v, key);
+    } else if (key == "eps") {
+      o.eps = JsonNumber<double>(v, key);
+    } else if (key == "weight_decay") {
+      o.weight_decay = JsonNumber<double>(v, key);
+    } else if (key == "momentum") {
+      o.momentum = JsonNumber<double>(v, key);
+    } else {
+      UnknownKey(key, "kind, lr, beta1, beta2, eps, weight_decay, momentum");
+    }
+  }
+  CopyBack(o, options);
+  FSDP2_API_END
+}
+
+}  // extern "C"

@@ -1,0 +1,73 @@
+#include "core/strategy/micro_batch_step.h"
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "core/common/error.h"
+
+namespace fsdp2 {
+namespace strategy {
+
+MicroBatchStepResult MicroBatchStep(FSDP2Strategy& strategy, int num_micro_batches,
+                                    const std::function<MicroBatch(int)>& micro_batch,
+                                    double gradient_clip_val) {
+  const int k = num_micro_batches;
+  if (k < 1) {
+    throw InvalidArgumentError("MicroBatchStep: need at least one micro-batch, got " +
+                               std::to_string(k));
+  }
+  double loss_sum = 0;
+  for (int i = 0; i < k; ++i) {
+    const MicroBatch micro = micro_batch(i);
+    at::Tensor loss = strategy.training_step(micro.batch, micro.batch_idx);
+    strategy.backward(loss / k, /*sync_gradients=*/i == k - 1);
+    loss_sum += loss.item<double>();
+  }
+  MicroBatchStepResult result;
+  result.grad_norm = strategy.optimizer_step(gradient_clip_val);
+  result.local_loss = loss_sum / k;
+  return result;
+}
+
+std::vector<Batch> SplitRows(const Batch& batch, int k) {
+  if (batch.empty()) throw ShapeError("the batch has no tensors");
+  if (k < 1) {
+    throw InvalidArgumentError("accumulate_grad_batches must be at least 1, got " +
+                               std::to_string(k));
+  }
+  const int64_t rows = batch[0].dim() == 0 ? 0 : batch[0].size(0);
+  for (const auto& t : batch) {
+    if (t.dim() == 0 || t.size(0) != rows) {
+      throw ShapeError("every batch tensor needs the same first dimension (rows)");
+    }
+  }
+  if (rows % k != 0 || rows == 0) {
+    throw ShapeError("the batch's " + std::to_string(rows) +
+                     " rows do not split into accumulate_grad_batches = " + std::to_string(k) +
+                     " equal, non-empty micro-batches");
+  }
+  std::vector<Batch> micro(k);
+  for (int i = 0; i < k; ++i) {
+    for (const auto& t : batch) micro[i].push_back(t.narrow(0, i * (rows / k), rows / k));
+  }
+  return micro;
+}
+
+TrainingStepResult TrainingStepOnRows(FSDP2Strategy& strategy, const Batch& batch,
+                                      int64_t batch_idx, int accumulate_grad_batches,
+                                      double gradient_clip_val) {
+  const std::vector<Batch> micro = SplitRows(batch, accumulate_grad_batches);
+  const MicroBatchStepResult r = MicroBatchStep(
+      strategy, accumulate_grad_batches,
+      [&](int i) { return MicroBatch{micro[i], batch_idx}; }, gradient_clip_val);
+  TrainingStepResult result;
+  result.grad_norm = r.grad_norm;
+  result.loss =
+      strategy.reduce(at::scalar_tensor(r.local_loss, at::kDouble), /*mean=*/true).item<double>();
+  result.step = strategy.current_epoch_step().step;
+  return result;
+}
+
+}  // namespace strategy
+}  // namespace fsdp2
