@@ -69,8 +69,13 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 0
+#define FSDP2_ABI_VERSION_MINOR 1
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
+
+/* The release version, the one in //:version.bzl (which also names the
+ * wheel, the jar and the pkg-config/CMake files; packaging/version_test.sh
+ * checks that the two agree). */
+#define FSDP2_VERSION "1.0.0"
 
 /* ------------------------------------------------------------------------
  * Status, errors, version, memory
@@ -99,7 +104,7 @@ FSDP2_API const char* fsdp2_status_name(int32_t status);
  * a header/library mismatch. */
 FSDP2_API int32_t fsdp2_abi_version(void);
 
-/* The library's version and build, e.g. "fsdp2 1.0 (LibTorch 1.13.1, cpu)".
+/* The library's version and build, e.g. "fsdp2 1.0.0 (LibTorch 1.13.1, cpu)".
  * Static storage. */
 FSDP2_API const char* fsdp2_version_string(void);
 

@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "c_api/fsdp2.h"
+#include "fsdp2.h"  // its sibling, here and where installed (include/fsdp2/)
 
 namespace fsdp2_c {
 

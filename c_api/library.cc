@@ -32,8 +32,7 @@ int32_t fsdp2_abi_version(void) { return FSDP2_ABI_VERSION; }
 
 const char* fsdp2_version_string(void) {
   static const std::string version =
-      "fsdp2 " + std::to_string(FSDP2_ABI_VERSION_MAJOR) + "." +
-      std::to_string(FSDP2_ABI_VERSION_MINOR) + " (LibTorch " TORCH_VERSION ", " +
+      std::string("fsdp2 " FSDP2_VERSION " (LibTorch " TORCH_VERSION ", ") +
 #ifdef FSDP2_WITH_CUDA
       "cuda"
 #else

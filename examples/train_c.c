@@ -4,6 +4,10 @@
  *
  *   bazel run //examples:train_c -- --nproc 2 --steps 20 --ckpt-dir /tmp/ckpt
  *
+ * Against an installed fsdp2 (README, "Install"):
+ *
+ *   gcc train_c.c -o train_c $(pkg-config --cflags --libs fsdp2)
+ *
  * Started by hand it re-launches itself as --nproc local ranks
  * (fsdp2_launch_local); under torchrun, srun or mpirun each process is one
  * rank. The text is a file's bytes (default: the GPL-3 text that every
@@ -17,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "c_api/fsdp2.h"
+#include <fsdp2/fsdp2.h>
 
 /* Prints the failed call and the library's message, and exits. */
 #define CHECK(call)                                                        \

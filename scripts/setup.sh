@@ -17,6 +17,9 @@ PACKAGES=(
   swig python3-dev python3-numpy python3-pytest default-jdk-headless junit5
   # Tools the scripts use.
   python3 procps
+  # Packaging tests (//packaging): a fresh virtual environment for the
+  # wheel, and the C/C++ install built with pkg-config and CMake.
+  python3-venv pkg-config cmake
   # The allocator every rank runs with (core/launch/allocator.h): glibc's
   # malloc faults large buffers in afresh every step, 2x slower here.
   libtcmalloc-minimal4

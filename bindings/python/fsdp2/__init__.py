@@ -124,9 +124,24 @@ def allocator():
     return _c.fsdp2_allocator()
 
 
-if _c.fsdp2_abi_version() // 1000 != _c.FSDP2_ABI_VERSION_MAJOR:
-    raise ImportError(f"libfsdp2 ABI {_c.fsdp2_abi_version()} does not match these bindings "
-                      f"({_c.FSDP2_ABI_VERSION})")
+#: The release version these bindings were built with (c_api/fsdp2.h).
+__version__ = _c.FSDP2_VERSION
+
+
+def _check_abi():
+    """The loaded libfsdp2 must have the ABI the extension was compiled
+    against: the same major number and at least its minor number."""
+    abi = _c.fsdp2_abi_version()
+    built = (_c.FSDP2_ABI_VERSION_MAJOR, _c.FSDP2_ABI_VERSION_MINOR)
+    if abi // 1000 != built[0] or abi % 1000 < built[1]:
+        raise ImportError(
+            f"fsdp2 {__version__}: the loaded libfsdp2 has ABI {abi // 1000}.{abi % 1000}, but "
+            f"these bindings ({os.path.dirname(os.path.abspath(_c.__file__))}) were built for "
+            f"ABI {built[0]}.{built[1]}; install libfsdp2 and the Python package from the same "
+            f"fsdp2 release")
+
+
+_check_abi()
 
 # ---------------------------------------------------------------------------
 # Arrays
