@@ -51,6 +51,7 @@ struct Flags {
   int nproc = 2;
   int tensor_parallel = 1;  // ranks per tensor-parallel group
   std::string strategy = "full_shard";
+  int shard_group_size = 0;
   int steps = 30;
   uint64_t seed = 1337;
   int64_t batch_size = 8;  // per rank
@@ -96,6 +97,9 @@ Flags ParseFlags(int argc, char** argv) {
         parser.Int("tensor-parallel", f.tensor_parallel, "ranks per tensor-parallel group");
     f.strategy = parser.String("strategy", f.strategy,
                                "full_shard|shard_grad_op|no_shard|hybrid_shard");
+    f.shard_group_size = parser.Int(
+        "shard-group-size", f.shard_group_size,
+        "hybrid_shard: ranks per shard group (0: the ranks of one host)");
     f.steps = parser.Int("steps", f.steps, "optimizer steps");
     f.seed = parser.Int("seed", f.seed, "seed of the model, the data and the sampler");
     f.batch_size =
@@ -167,9 +171,7 @@ Flags ParseFlags(int argc, char** argv) {
     Fail("--ckpt-every and --ckpt-keep need --ckpt-dir");
   }
   if (f.ckpt_keep < 0) Fail("--ckpt-keep must be positive");
-  if (f.strategy == "hybrid_shard" && (f.nproc < 2 || f.nproc % 2 != 0)) {
-    Fail("--strategy hybrid_shard needs an even --nproc (a 2 x nproc/2 mesh)");
-  }
+  if (f.shard_group_size < 0) Fail("--shard-group-size must be 0 (a host) or positive");
   return f;
 }
 
@@ -270,11 +272,8 @@ int RunRank(const Flags& f) {
   options.checkpoint_format = f.checkpoint_format;
   const char* backend = std::getenv("FSDP2_BACKEND");
   options.backend = backend ? backend : "gloo";
+  options.shard_group_size = f.shard_group_size;
   strategy::FSDP2Strategy strategy(options);
-  if (options.sharding_strategy == fsdp::ShardingStrategy::kHybridShard) {
-    // Two replicas, each sharded over half of the ranks.
-    setenv("LOCAL_WORLD_SIZE", std::to_string(std::max(1, f.nproc / 2)).c_str(), 1);
-  }
   strategy.setup_environment();
   const int rank = strategy.world()->rank();
 
@@ -358,7 +357,9 @@ int RunRank(const Flags& f) {
                 strategy.data_parallel_size(),
                 (long long)f.batch_size, f.grad_accum,
                 fsdp::ToString(options.sharding_strategy),
-                strategy.mesh()->ToString().c_str(), f.mixed_precision.c_str());
+                strategy.fsdp_mesh()->ToString().c_str(), f.mixed_precision.c_str());
+    std::printf("hosts: %d; gloo: %s\n", strategy.world()->num_hosts(),
+                strategy.world()->network().c_str());
     std::fflush(stdout);
   }
   trainer.fit(train, &val);

@@ -2,11 +2,13 @@
 #include "core/common/error.h"
 
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
 #include "core/comm/internal/c10d_compat.h"
 #include "core/comm/internal/connect_transport.h"
+#include "core/comm/internal/host.h"
 #include "core/comm/internal/process_group_impl.h"
 
 namespace fsdp2 {
@@ -56,6 +58,9 @@ struct World::Impl {
   RendezvousOptions options;
   c10::intrusive_ptr<::c10d::Store> store;
   std::shared_ptr<::gloo::transport::Device> gloo_device;
+  std::vector<std::string> hosts;
+  int num_hosts = 1;
+  std::string network;
   int groups_created = 0;
 };
 
@@ -66,6 +71,12 @@ int World::rank() const { return impl_->options.rank; }
 int World::size() const { return impl_->options.world_size; }
 const RendezvousOptions& World::options() const { return impl_->options; }
 const std::shared_ptr<ProcessGroup>& World::group() const { return group_; }
+const std::vector<std::string>& World::hosts() const { return impl_->hosts; }
+int World::num_hosts() const { return impl_->num_hosts; }
+std::string World::host_name(int rank) const {
+  return internal::HostName(impl_->hosts.at(rank));
+}
+const std::string& World::network() const { return impl_->network; }
 
 void World::store_set(const std::string& key, const std::string& value) {
   impl_->store->set("fsdp2/user/" + key, Bytes(value));
@@ -127,17 +138,46 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
           << world_size << " but rank 0 with WORLD_SIZE=" << rank0_world;
       throw CommunicationError(msg.str());
     }
+    // Which host every rank runs on.
+    impl->store->set("fsdp2/host/" + std::to_string(rank),
+                     Bytes(internal::HostIdentity()));
+    std::map<std::string, int> per_host;
+    for (int k = 0; k < world_size; ++k) {
+      auto v = impl->store->get("fsdp2/host/" + std::to_string(k));
+      impl->hosts.emplace_back(v.begin(), v.end());
+      ++per_host[impl->hosts.back()];
+    }
+    impl->num_hosts = static_cast<int>(per_host.size());
     if (options.backend == "gloo") {
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       if (ifname != nullptr && *ifname != '\0') {
         impl->gloo_device =
             ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+        impl->network = std::string("GLOO_SOCKET_IFNAME=") + ifname;
       } else if (options.store_path.empty() &&
                  !IsLoopback(options.master_addr)) {
-        impl->gloo_device = ::c10d::ProcessGroupGloo::createDefaultDevice();
+        // Rank 0's host is reachable at MASTER_ADDR (its store listens
+        // there), so the interface that routes to it reaches the job.
+        const internal::Route route = internal::RouteTo(options.master_addr);
+        impl->gloo_device =
+            ::c10d::ProcessGroupGloo::createDeviceForHostname(route.local_address);
+        impl->network = "route to MASTER_ADDR via " +
+                        (route.interface.empty() ? std::string("?") : route.interface) +
+                        " (" + route.local_address + ")";
+      } else if (impl->num_hosts > 1) {
+        throw CommunicationError(
+            "the job's " + std::to_string(world_size) + " ranks run on " +
+            std::to_string(impl->num_hosts) + " hosts, but " +
+            (options.store_path.empty()
+                 ? "MASTER_ADDR=" + options.master_addr + " is a loopback address"
+                 : "the rendezvous is a file store") +
+            ", which says nothing about the network between them; set "
+            "GLOO_SOCKET_IFNAME to the interface the hosts reach each other "
+            "through (see `ip addr`), or MASTER_ADDR to rank 0's address on it");
       } else {
         impl->gloo_device =
             ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+        impl->network = "loopback";
       }
     }
   } catch (const c10::Error& e) {

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Two hosts on one machine, as users run several: each host is a network
+# namespace with its own host name (unshare --uts), joined to the other by a
+# veth pair, and runs 2 ranks of the main job started torchrun-style (RANK,
+# WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; no
+# GLOO_SOCKET_IFNAME, so the job must find the interface itself).
+#
+# Every strategy on 2 hosts x 2 ranks must print the losses of one process
+# training the same global batch; HYBRID_SHARD must shard within each host
+# (DeviceMesh(replicate=2, shard=2), half of the parameters per rank) and
+# send fewer bytes between the hosts than FULL_SHARD (counted on the veth).
+#
+# Needs root (network namespaces). Where they cannot be made, the test says
+# so on a line starting "SKIPPED:" (which .ci/run's summary lists) and
+# passes: it never skips silently.
+set -uo pipefail
+train="$1"
+tmp="${TEST_TMPDIR:-/tmp}"
+fail=0
+
+skip() {
+  echo "SKIPPED: multihost_test: $*"
+  exit 0
+}
+[[ $(id -u) -eq 0 ]] || skip "not root, so no network namespaces can be made"
+command -v ip >/dev/null || skip "no 'ip' command (Debian's iproute2)"
+command -v unshare >/dev/null || skip "no 'unshare' command (util-linux)"
+
+tag="f2mh$$"
+nsa="${tag}a" nsb="${tag}b" va="${tag}x" vb="${tag}y"
+cleanup() {
+  # Whatever is left of a run, then the namespaces (which takes the veth).
+  for ns in "$nsa" "$nsb"; do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
+}
+trap cleanup EXIT
+if ! err=$(ip netns add "$nsa" 2>&1); then skip "cannot create a network namespace: $err"; fi
+ip netns add "$nsb" || { echo "FAIL: second namespace"; exit 1; }
+ip link add "$va" type veth peer name "$vb" || skip "cannot create a veth pair"
+ip link set "$va" netns "$nsa" && ip link set "$vb" netns "$nsb" || exit 1
+ip -n "$nsa" addr add 10.231.7.1/24 dev "$va" && ip -n "$nsb" addr add 10.231.7.2/24 dev "$vb" || exit 1
+for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up || exit 1; done
+ip -n "$nsa" link set "$va" up && ip -n "$nsb" link set "$vb" up || exit 1
+
+common=(--steps 3 --n-layer 2 --n-embd 32 --n-head 2 --block-size 32 --threads 1 --log-every 1)
+losses() { grep -o ' loss [0-9][0-9.]*' | awk '{print $2}'; }
+tx_bytes() { ip -n "$nsa" -s link show "$va" | awk '/TX:/ {getline; print $1}'; }
+
+one=$(timeout 300 "$train" --nproc 1 --batch-size 8 "${common[@]}" --out-dir "$tmp/one" 2>&1) \
+  || { echo "FAIL: one process"; echo "$one"; exit 1; }
+l1=$(echo "$one" | losses)
+[[ -n "$l1" ]] || { echo "FAIL: no losses from one process"; echo "$one"; exit 1; }
+
+# Starts 2 hosts x 2 ranks of the main job with `strategy`; prints rank 0's
+# output then every other rank's, each line prefixed.
+run_hosts() {
+  local strategy="$1" port=$(( 20000 + RANDOM % 20000 ))
+  local pids=() r h
+  for r in 0 1 2 3; do
+    h=$(( r / 2 ))
+    local ns=$([[ $h == 0 ]] && echo "$nsa" || echo "$nsb")
+    ip netns exec "$ns" unshare --uts sh -c "hostname host$h && exec env \
+      RANK=$r WORLD_SIZE=4 LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 \
+      MASTER_ADDR=10.231.7.1 MASTER_PORT=$port FSDP2_TIMEOUT_S=60 \
+      timeout 300 '$train' --batch-size 2 ${common[*]} --strategy $strategy \
+      --out-dir '$tmp/$strategy-$r'" > "$tmp/$strategy.$r.log" 2>&1 &
+    pids+=($!)
+  done
+  local status=0
+  for r in 0 1 2 3; do wait "${pids[$r]}" || status=1; done
+  for r in 0 1 2 3; do sed "s/^/[rank $r] /" "$tmp/$strategy.$r.log"; done
+  return $status
+}
+
+declare -A crossed
+for strategy in full_shard shard_grad_op no_shard hybrid_shard; do
+  before=$(tx_bytes)
+  out=$(run_hosts "$strategy") || { echo "FAIL: $strategy on 2 hosts x 2 ranks exited non-zero:"; echo "$out"; fail=1; continue; }
+  crossed[$strategy]=$(( $(tx_bytes) - before ))
+  l=$(grep '^\[rank 0\]' <<<"$out" | losses)
+  if [[ "$l" != "$l1" ]]; then
+    echo "FAIL: $strategy on 2 hosts x 2 ranks differs from one process:"
+    paste <(echo "$l1") <(echo "$l"); echo "$out"; fail=1
+  fi
+  if ! grep -q '^\[rank 0\] hosts: 2; gloo: route to MASTER_ADDR via '"$va"' (10.231.7.1)' <<<"$out"; then
+    echo "FAIL: $strategy: rank 0 should find 2 hosts and reach MASTER_ADDR through $va:"
+    grep '^\[rank 0\]' <<<"$out"; fail=1
+  fi
+  echo "$strategy: losses equal one process; bytes host0 -> host1 ${crossed[$strategy]} (3 steps)"
+  if [[ $strategy == hybrid_shard ]]; then
+    if ! grep -q 'DeviceMesh(replicate=2, shard=2)' <<<"$out"; then
+      echo "FAIL: hybrid_shard should shard within each host: DeviceMesh(replicate=2, shard=2):"
+      grep '^\[rank 0\]' <<<"$out"; fail=1
+    fi
+    # Every rank holds half of the parameters (its host's shard group is 2).
+    while read -r have total; do
+      if ! awk -v h="$have" -v t="$total" 'BEGIN { exit !(h > 0.45 * t && h < 0.55 * t) }'; then
+        echo "FAIL: hybrid_shard: a rank holds $have of $total MiB, not half"; fail=1
+      fi
+    done < <(grep -o 'sharded params [0-9.]* MiB of [0-9.]* MiB' <<<"$out" | awk '{print $3, $6}')
+    if [[ $(grep -c 'sharded params' <<<"$out") -ne 4 ]]; then
+      echo "FAIL: hybrid_shard: expected 4 ranks' parameter lines"; fail=1
+    fi
+  fi
+done
+if [[ -n "${crossed[hybrid_shard]:-}" && -n "${crossed[full_shard]:-}" ]] &&
+   (( crossed[hybrid_shard] >= crossed[full_shard] )); then
+  echo "FAIL: hybrid_shard sent ${crossed[hybrid_shard]} bytes between the hosts, not fewer than full_shard's ${crossed[full_shard]}"
+  fail=1
+fi
+
+# A job on 2 hosts whose MASTER_ADDR is loopback cannot know the network
+# between them: each rank on host 0 must say so and name GLOO_SOCKET_IFNAME.
+# (The file store lets the ranks meet without TCP.)
+store="$tmp/store.$$"
+rm -f "$store"
+pids=()
+for r in 0 1; do
+  ns=$([[ $r == 0 ]] && echo "$nsa" || echo "$nsb")
+  ip netns exec "$ns" unshare --uts sh -c "hostname host$r && exec env RANK=$r WORLD_SIZE=2 \
+    FSDP2_STORE_PATH='$store' FSDP2_TIMEOUT_S=30 timeout 120 '$train' ${common[*]} \
+    --batch-size 4 --out-dir '$tmp/lo-$r'" > "$tmp/lo.$r.log" 2>&1 &
+  pids+=($!)
+done
+for r in 0 1; do
+  if wait "${pids[$r]}"; then echo "FAIL: rank $r of a 2-host job without an interface succeeded"; fail=1; fi
+  if ! grep -q "run on 2 hosts.*GLOO_SOCKET_IFNAME" "$tmp/lo.$r.log"; then
+    echo "FAIL: rank $r should say the 2 hosts need GLOO_SOCKET_IFNAME:"; cat "$tmp/lo.$r.log"; fail=1
+  fi
+done
+
+if [[ $fail -ne 0 ]]; then exit 1; fi
+echo "multihost_test: all checks passed"
