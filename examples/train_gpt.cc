@@ -52,6 +52,7 @@ struct Flags {
   int tensor_parallel = 1;  // ranks per tensor-parallel group
   std::string strategy = "full_shard";
   int shard_group_size = 0;
+  int timeout_s = 300;  // FSDP2_TIMEOUT_S, when set, is the default
   int steps = 30;
   uint64_t seed = 1337;
   int64_t batch_size = 8;  // per rank
@@ -100,6 +101,10 @@ Flags ParseFlags(int argc, char** argv) {
     f.shard_group_size = parser.Int(
         "shard-group-size", f.shard_group_size,
         "hybrid_shard: ranks per shard group (0: the ranks of one host)");
+    if (const char* t = std::getenv("FSDP2_TIMEOUT_S")) f.timeout_s = std::atoi(t);
+    f.timeout_s = parser.Int("timeout", f.timeout_s,
+                             "seconds a rendezvous or collective may take (default: "
+                             "FSDP2_TIMEOUT_S or 300)");
     f.steps = parser.Int("steps", f.steps, "optimizer steps");
     f.seed = parser.Int("seed", f.seed, "seed of the model, the data and the sampler");
     f.batch_size =
@@ -172,6 +177,7 @@ Flags ParseFlags(int argc, char** argv) {
   }
   if (f.ckpt_keep < 0) Fail("--ckpt-keep must be positive");
   if (f.shard_group_size < 0) Fail("--shard-group-size must be 0 (a host) or positive");
+  if (f.timeout_s < 1) Fail("--timeout must be at least 1 second");
   return f;
 }
 
@@ -273,6 +279,7 @@ int RunRank(const Flags& f) {
   const char* backend = std::getenv("FSDP2_BACKEND");
   options.backend = backend ? backend : "gloo";
   options.shard_group_size = f.shard_group_size;
+  options.timeout = std::chrono::seconds(f.timeout_s);
   strategy::FSDP2Strategy strategy(options);
   strategy.setup_environment();
   const int rank = strategy.world()->rank();

@@ -9,40 +9,14 @@
 # training the same global batch; HYBRID_SHARD must shard within each host
 # (DeviceMesh(replicate=2, shard=2), half of the parameters per rank) and
 # send fewer bytes between the hosts than FULL_SHARD (counted on the veth).
-#
-# Needs root (network namespaces). Where they cannot be made, the test says
-# so on a line starting "SKIPPED:" (which .ci/run's summary lists) and
-# passes: it never skips silently.
+# Needs root (tests/hosts_lib.sh makes the hosts, or says SKIPPED).
 set -uo pipefail
 train="$1"
 tmp="${TEST_TMPDIR:-/tmp}"
 fail=0
 
-skip() {
-  echo "SKIPPED: multihost_test: $*"
-  exit 0
-}
-[[ $(id -u) -eq 0 ]] || skip "not root, so no network namespaces can be made"
-command -v ip >/dev/null || skip "no 'ip' command (Debian's iproute2)"
-command -v unshare >/dev/null || skip "no 'unshare' command (util-linux)"
-
-tag="f2mh$$"
-nsa="${tag}a" nsb="${tag}b" va="${tag}x" vb="${tag}y"
-cleanup() {
-  # Whatever is left of a run, then the namespaces (which takes the veth).
-  for ns in "$nsa" "$nsb"; do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del "$ns" 2>/dev/null
-  done
-}
-trap cleanup EXIT
-if ! err=$(ip netns add "$nsa" 2>&1); then skip "cannot create a network namespace: $err"; fi
-ip netns add "$nsb" || { echo "FAIL: second namespace"; exit 1; }
-ip link add "$va" type veth peer name "$vb" || skip "cannot create a veth pair"
-ip link set "$va" netns "$nsa" && ip link set "$vb" netns "$nsb" || exit 1
-ip -n "$nsa" addr add 10.231.7.1/24 dev "$va" && ip -n "$nsb" addr add 10.231.7.2/24 dev "$vb" || exit 1
-for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up || exit 1; done
-ip -n "$nsa" link set "$va" up && ip -n "$nsb" link set "$vb" up || exit 1
+test_name=multihost_test
+source "$(dirname "$0")/hosts_lib.sh"
 
 common=(--steps 3 --n-layer 2 --n-embd 32 --n-head 2 --block-size 32 --threads 1 --log-every 1)
 losses() { grep -o ' loss [0-9][0-9.]*' | awk '{print $2}'; }
@@ -57,15 +31,12 @@ l1=$(echo "$one" | losses)
 # output then every other rank's, each line prefixed.
 run_hosts() {
   local strategy="$1" port=$(( 20000 + RANDOM % 20000 ))
-  local pids=() r h
+  local pids=() r
   for r in 0 1 2 3; do
-    h=$(( r / 2 ))
-    local ns=$([[ $h == 0 ]] && echo "$nsa" || echo "$nsb")
-    ip netns exec "$ns" unshare --uts sh -c "hostname host$h && exec env \
-      RANK=$r WORLD_SIZE=4 LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 \
-      MASTER_ADDR=10.231.7.1 MASTER_PORT=$port FSDP2_TIMEOUT_S=60 \
-      timeout 300 '$train' --batch-size 2 ${common[*]} --strategy $strategy \
-      --out-dir '$tmp/$strategy-$r'" > "$tmp/$strategy.$r.log" 2>&1 &
+    start_rank $(( r / 2 )) "$tmp/$strategy.$r.log" RANK=$r WORLD_SIZE=4 \
+      LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 MASTER_ADDR=10.231.7.1 \
+      MASTER_PORT=$port FSDP2_TIMEOUT_S=60 -- timeout 300 "$train" --batch-size 2 \
+      "${common[@]}" --strategy "$strategy" --out-dir "$tmp/$strategy-$r"
     pids+=($!)
   done
   local status=0
@@ -118,10 +89,8 @@ store="$tmp/store.$$"
 rm -f "$store"
 pids=()
 for r in 0 1; do
-  ns=$([[ $r == 0 ]] && echo "$nsa" || echo "$nsb")
-  ip netns exec "$ns" unshare --uts sh -c "hostname host$r && exec env RANK=$r WORLD_SIZE=2 \
-    FSDP2_STORE_PATH='$store' FSDP2_TIMEOUT_S=30 timeout 120 '$train' ${common[*]} \
-    --batch-size 4 --out-dir '$tmp/lo-$r'" > "$tmp/lo.$r.log" 2>&1 &
+  start_rank $r "$tmp/lo.$r.log" RANK=$r WORLD_SIZE=2 FSDP2_STORE_PATH="$store" \
+    FSDP2_TIMEOUT_S=30 -- timeout 120 "$train" "${common[@]}" --batch-size 4 --out-dir "$tmp/lo-$r"
   pids+=($!)
 done
 for r in 0 1; do

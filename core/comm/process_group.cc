@@ -42,16 +42,21 @@ CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
       << "'): " << op << " failed: ";
     return s.str();
   }();
+  const internal::PeerCheck* peers = &impl.peer_check;
   return impl.lanes[static_cast<int>(lane)]->submit(
-      [transport, body = std::move(body), where = std::move(where)] {
+      [transport, peers, body = std::move(body), where = std::move(where)] {
+        // What the store says of the group's peers, after the failure.
+        auto lost = [peers] {
+          return peers->store ? "; " + peers->Describe() : std::string();
+        };
         try {
           body(*transport);
         } catch (const Error& e) {
-          ThrowError(e.code(), where + e.what());
+          ThrowError(e.code(), where + e.what() + lost());
         } catch (const c10::Error& e) {
-          throw CommunicationError(where + e.what_without_backtrace());
+          throw CommunicationError(where + e.what_without_backtrace() + lost());
         } catch (const std::exception& e) {
-          throw CommunicationError(where + e.what());
+          throw CommunicationError(where + e.what() + lost());
         }
       });
 }

@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "core/comm/internal/c10d_compat.h"
 #include "core/comm/internal/connect_transport.h"
@@ -40,6 +41,49 @@ bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
 
+// Every rank publishes its host and waits for all the others'; a rank
+// that does not arrive within the timeout is named. Rank 0 serves the store
+// and waits 2 s longer, so that the others can still ask it who is missing.
+std::vector<std::string> ExchangeHosts(::c10d::Store& store, int rank, int world,
+                                       std::chrono::milliseconds timeout) {
+  auto key = [](int k) { return "fsdp2/host/" + std::to_string(k); };
+  store.set(key(rank), Bytes(internal::HostIdentity()));
+  std::vector<std::string> keys;
+  for (int k = 0; k < world; ++k) keys.push_back(key(k));
+  const auto deadline = std::chrono::steady_clock::now() + timeout +
+                        (rank == 0 ? std::chrono::seconds(2) : std::chrono::seconds(0));
+  try {
+    while (!store.check(keys)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::ostringstream missing;
+        int n = 0;
+        for (int k = 0; k < world; ++k) {
+          if (!store.check({keys[k]})) missing << (n++ ? ", " : "") << k;
+        }
+        throw TimeoutError(
+            "rank" + std::string(n > 1 ? "s " : " ") + missing.str() + " of " +
+            std::to_string(world) + " did not arrive within " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
+            " s (not started, or started with another MASTER_ADDR, MASTER_PORT or WORLD_SIZE)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (rank == 0) throw;
+    throw CommunicationError(
+        std::string(e.what()) + " (the store's server, rank 0, went away while "
+        "the ranks were meeting: it gave up waiting or exited; see its error)");
+  }
+  std::vector<std::string> hosts;
+  for (const auto& k : keys) {
+    auto v = store.get(k);
+    hosts.emplace_back(v.begin(), v.end());
+  }
+  return hosts;
+}
+
 }  // namespace
 
 RendezvousOptions RendezvousOptions::FromEnv() {
@@ -61,6 +105,7 @@ struct World::Impl {
   std::vector<std::string> hosts;
   int num_hosts = 1;
   std::string network;
+  std::shared_ptr<internal::LostReport> lost_report;
   int groups_created = 0;
 };
 
@@ -139,15 +184,25 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
       throw CommunicationError(msg.str());
     }
     // Which host every rank runs on.
-    impl->store->set("fsdp2/host/" + std::to_string(rank),
-                     Bytes(internal::HostIdentity()));
+    impl->hosts = ExchangeHosts(*impl->store, rank, world_size, options.timeout);
     std::map<std::string, int> per_host;
-    for (int k = 0; k < world_size; ++k) {
-      auto v = impl->store->get("fsdp2/host/" + std::to_string(k));
-      impl->hosts.emplace_back(v.begin(), v.end());
-      ++per_host[impl->hosts.back()];
-    }
+    for (const auto& h : impl->hosts) ++per_host[h];
     impl->num_hosts = static_cast<int>(per_host.size());
+    if (world_size > 1) {
+      // Over TCP its own connection: a TCPStore client is not safe for
+      // concurrent use.
+      c10::intrusive_ptr<::c10d::Store> watch_store = impl->store;  // FileStore locks each op
+      if (options.store_path.empty()) {
+        ::c10d::TCPStoreOptions tcp;
+        tcp.port = static_cast<uint16_t>(options.master_port);
+        tcp.isServer = false;
+        tcp.waitWorkers = false;
+        tcp.timeout = options.timeout;
+        watch_store = c10::make_intrusive<::c10d::TCPStore>(options.master_addr, tcp);
+      }
+      impl->lost_report = std::make_shared<internal::LostReport>(
+          watch_store, rank, std::chrono::seconds(1));
+    }
     if (options.backend == "gloo") {
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       if (ifname != nullptr && *ifname != '\0') {
@@ -180,6 +235,8 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
         impl->network = "loopback";
       }
     }
+  } catch (const Error& e) {
+    ThrowError(e.code(), where + "rendezvous failed: " + e.what());
   } catch (const c10::Error& e) {
     throw CommunicationError(where + "rendezvous failed: " +
                              e.what_without_backtrace());
@@ -217,6 +274,13 @@ std::shared_ptr<ProcessGroup> World::new_groups(
     impl->world_rank = me;
     impl->backend = impl_->options.backend;
     impl->timeout = impl_->options.timeout;
+    if (ranks.size() > 1) {
+      impl->peer_check.store = impl_->store;
+      impl->peer_check.world_rank = me;
+      impl->peer_check.group_ranks = ranks;
+      impl->peer_check.hosts = impl_->hosts;
+      impl->peer_check.report = impl_->lost_report;
+    }
     try {
       for (int lane = 0; lane < kNumLanes; ++lane) {
         std::ostringstream prefix;
