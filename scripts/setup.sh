@@ -18,6 +18,8 @@ PACKAGES=(
   # Tools the scripts use; iproute2 (ip netns, veth) makes the hosts of
   # //tests:multihost_test.
   python3 procps iproute2
+  # Outside launchers //tests:launchers_test runs the main job under.
+  openmpi-bin slurm-wlm munge
   # Packaging tests (//packaging): a fresh virtual environment for the
   # wheel, and the C/C++ install built with pkg-config and CMake.
   python3-venv pkg-config cmake
