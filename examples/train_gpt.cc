@@ -141,10 +141,7 @@ Flags ParseFlags(int argc, char** argv) {
   }
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
-  if (f.tensor_parallel < 1 || f.nproc % f.tensor_parallel != 0) {
-    Fail("--tensor-parallel must divide --nproc (" + std::to_string(f.nproc) + "), got " +
-         std::to_string(f.tensor_parallel));
-  }
+  if (f.tensor_parallel < 1) Fail("--tensor-parallel must be at least 1");
   if (f.tensor_parallel > 1 && (!f.ckpt_dir.empty() || !f.resume.empty())) {
     Fail("--ckpt-dir and --resume need --tensor-parallel 1: checkpoints of "
          "tensor-parallel runs are not supported yet");
@@ -371,12 +368,19 @@ int RunRank(const Flags& f) {
   }
   trainer.fit(train, &val);
   auto stats = fsdp::memory_stats(*module->module());
+  std::string sent;  // e.g. "shm 1.20 MiB, gloo 0.31 MiB"
+  for (const auto& [transport, bytes] : comm::BytesSentByTransport()) {
+    char part[64];
+    std::snprintf(part, sizeof(part), "%s%s %.2f MiB", sent.empty() ? "" : ", ",
+                  transport.c_str(), bytes / 1048576.0);
+    sent += part;
+  }
   std::printf("rank %d: sharded params %.2f MiB of %.2f MiB, peak unsharded params %.2f MiB, "
-              "allocator %s\n",
+              "allocator %s, sent %s\n",
               rank, stats.sharded_param_bytes / 1048576.0,
               stats.total_param_numel * 4 / 1048576.0,
               fsdp::peak_unsharded_param_bytes() / 1048576.0,
-              launch::ActiveAllocator().c_str());
+              launch::ActiveAllocator().c_str(), sent.empty() ? "nothing" : sent.c_str());
   if (rank == 0) {
     std::printf("metrics: %s, %s; loss curve: %s\n", trainer_options.metrics_jsonl.c_str(),
                 trainer_options.metrics_csv.c_str(), trainer_options.loss_curve_svg.c_str());
@@ -388,6 +392,19 @@ int RunRank(const Flags& f) {
 
 }  // namespace
 
+// The sizes that --nproc must fit when this process launches the ranks
+// (under an outside launcher the world size decides, in FSDP2Strategy).
+void CheckLocalSizes(const Flags& f) {
+  if (f.tensor_parallel < 1 || f.nproc % f.tensor_parallel != 0) {
+    Fail("--tensor-parallel must divide --nproc (" + std::to_string(f.nproc) + "), got " +
+         std::to_string(f.tensor_parallel));
+  }
+  if (f.shard_group_size > 0 && (f.nproc / f.tensor_parallel) % f.shard_group_size != 0) {
+    Fail("--shard-group-size must divide the " + std::to_string(f.nproc / f.tensor_parallel) +
+         " data-parallel ranks, got " + std::to_string(f.shard_group_size));
+  }
+}
+
 int main(int argc, char** argv) {
   Flags flags = ParseFlags(argc, argv);
   try {
@@ -395,6 +412,7 @@ int main(int argc, char** argv) {
     // Otherwise launch --nproc local ranks.
     if (strategy::ClusterEnvironment::Detect().kind == strategy::ClusterKind::kLocal) {
       // The launcher starts every rank with the allocator (allocator.h).
+      CheckLocalSizes(flags);
       launch::LocalLaunchOptions options;
       options.nproc = flags.nproc;
       options.threads_per_rank = flags.threads;

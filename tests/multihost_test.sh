@@ -20,6 +20,9 @@ source "$(dirname "$0")/hosts_lib.sh"
 
 common=(--steps 3 --n-layer 2 --n-embd 32 --n-head 2 --block-size 32 --threads 1 --log-every 1)
 losses() { grep -o ' loss [0-9][0-9.]*' | awk '{print $2}'; }
+# sent_mib LINE KIND: the MiB a rank's final line says it sent through KIND
+# ("shm" or "gloo"), 0 if none.
+sent_mib() { grep -oE "$2 [0-9.]+ MiB" <<<"$1" | awk '{print $2} END { if (NR == 0) print 0 }'; }
 tx_bytes() { ip -n "$nsa" -s link show "$va" | awk '/TX:/ {getline; print $1}'; }
 
 one=$(timeout 300 "$train" --nproc 1 --batch-size 8 "${common[@]}" --out-dir "$tmp/one" 2>&1) \
@@ -60,6 +63,21 @@ for strategy in full_shard shard_grad_op no_shard hybrid_shard; do
     grep '^\[rank 0\]' <<<"$out"; fail=1
   fi
   echo "$strategy: losses equal one process; bytes host0 -> host1 ${crossed[$strategy]} (3 steps)"
+  # What each rank sent, by transport: a group spanning both hosts goes
+  # over TCP (Gloo) only; HYBRID_SHARD's shard groups stay within a host
+  # and go through shared memory.
+  for r in 0 1 2 3; do
+    line=$(grep "^\[rank $r\] rank $r: sharded params" <<<"$out")
+    shm=$(sent_mib "$line" shm) gloo=$(sent_mib "$line" gloo)
+    if [[ $strategy == hybrid_shard ]]; then
+      if ! awk -v a="$shm" -v b="$gloo" 'BEGIN { exit !(a > 0 && b > 0) }'; then
+        echo "FAIL: hybrid_shard rank $r should send within its host over shared memory and across hosts over Gloo: $line"; fail=1
+      fi
+    elif ! awk -v a="$shm" -v b="$gloo" 'BEGIN { exit !(a == 0 && b > 0) }'; then
+      echo "FAIL: $strategy rank $r: its groups span both hosts, so Gloo only: $line"; fail=1
+    fi
+  done
+  grep "^\[rank 0\] rank 0: sharded" <<<"$out" | sed "s/^/  $strategy: /"
   if [[ $strategy == hybrid_shard ]]; then
     if ! grep -q 'DeviceMesh(replicate=2, shard=2)' <<<"$out"; then
       echo "FAIL: hybrid_shard should shard within each host: DeviceMesh(replicate=2, shard=2):"
