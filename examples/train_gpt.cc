@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/checkpoint_dir.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/flags/flags.h"
@@ -69,7 +70,7 @@ struct Flags {
   int log_every = 1;
   int64_t val_every = 10;
   std::string out_dir;  // default: ./fsdp2_out
-  std::string ckpt_dir;  // save a sharded checkpoint at the end
+  std::string ckpt_dir;  // save a checkpoint (a directory) at the end
   int64_t ckpt_every = 0;
   std::string resume;    // continue from this checkpoint
   std::string checkpoint_format = "sharded";
@@ -85,6 +86,12 @@ const char* kUsage =
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "train: " << message << "\n";
   std::exit(2);
+}
+
+// The directory the first save writes: --ckpt-dir, or with --ckpt-keep a
+// step-N directory inside it.
+std::string CheckpointTarget(const Flags& f) {
+  return f.ckpt_keep > 0 ? (fs::path(f.ckpt_dir) / "step-0").string() : f.ckpt_dir;
 }
 
 Flags ParseFlags(int argc, char** argv) {
@@ -119,7 +126,8 @@ Flags ParseFlags(int argc, char** argv) {
                               "metrics and loss curve (default: ./fsdp2_out)");
     f.progress_bar = parser.Int("progress-bar", f.progress_bar,
                                 "1: a progress bar, 0: log lines, -1: a bar on a terminal");
-    f.ckpt_dir = parser.String("ckpt-dir", f.ckpt_dir, "save a checkpoint here at the end");
+    f.ckpt_dir = parser.String("ckpt-dir", f.ckpt_dir,
+                               "save a checkpoint (a directory, either format) here at the end");
     f.ckpt_every = parser.Int("ckpt-every", f.ckpt_every, "steps between checkpoints");
     f.resume = parser.String("resume", f.resume, "continue from this checkpoint");
     f.checkpoint_format =
@@ -167,6 +175,14 @@ Flags ParseFlags(int argc, char** argv) {
     Fail("--ckpt-every and --ckpt-keep need --ckpt-dir");
   }
   if (f.ckpt_keep < 0) Fail("--ckpt-keep must be positive");
+  if (!f.ckpt_dir.empty()) {
+    // Before any training: a target that cannot take a checkpoint fails now.
+    try {
+      checkpoint::CheckCheckpointTarget(CheckpointTarget(f));
+    } catch (const std::exception& e) {
+      Fail(std::string("--ckpt-dir ") + e.what());
+    }
+  }
   if (f.strategy == "hybrid_shard" && (f.nproc < 2 || f.nproc % 2 != 0)) {
     Fail("--strategy hybrid_shard needs an even --nproc (a 2 x nproc/2 mesh)");
   }
@@ -320,6 +336,7 @@ int RunRank(const Flags& f) {
   if (!f.ckpt_dir.empty()) {
     // Every --ckpt-every steps (if set) and at the end.
     trainer_options.checkpoint_every_n_steps = f.ckpt_every > 0 ? f.ckpt_every : f.steps;
+    trainer_options.checkpoint_dir = CheckpointTarget(f);
     // With --ckpt-keep K: one checkpoint per save, ckpt-dir/step-<N>, and
     // only the newest K kept.
     auto saved = std::make_shared<std::vector<std::string>>();
@@ -330,7 +347,6 @@ int RunRank(const Flags& f) {
         if (rank == 0) fs::create_directories(f.ckpt_dir);
         s.barrier();
         path = (fs::path(f.ckpt_dir) / ("step-" + std::to_string(step))).string();
-        if (f.checkpoint_format == "full") path += ".safetensors";
       }
       s.save_checkpoint(path);
       if (rank == 0) {

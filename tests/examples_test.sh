@@ -37,7 +37,9 @@ if [[ "$ltp" != "$l1" ]] || ! grep -q 'DeviceMesh(dp=1, tp=2)' <<<"$tp"; then
 fi
 
 # Resume: 2 ranks train 2 steps and save; 1 rank resumes to step 4; the
-# losses of steps 3 and 4 equal the uninterrupted run's.
+# losses of steps 3 and 4 equal the uninterrupted run's. The target is an
+# existing empty directory: it takes a checkpoint in both formats.
+mkdir -p "$tmp/ckpt" "$tmp/full"
 first=$(run --nproc 2 --batch-size 4 "${common[@]}" --steps 2 --ckpt-dir "$tmp/ckpt" --out-dir "$tmp/o3") || { echo "$first"; exit 1; }
 resumed=$(run --nproc 1 --batch-size 8 "${common[@]}" --resume "$tmp/ckpt" --out-dir "$tmp/o4") || { echo "$resumed"; exit 1; }
 echo "$resumed"
@@ -47,12 +49,28 @@ if [[ "$lr" != "$l2" ]]; then
   paste <(echo "$l2") <(echo "$lr"); fail=1
 fi
 
-# The same with a full (single-file) checkpoint, resumed on 2 ranks.
-first=$(run --nproc 1 --batch-size 8 "${common[@]}" --steps 2 --ckpt-dir "$tmp/full.safetensors" --checkpoint-format full --out-dir "$tmp/o5") || { echo "$first"; exit 1; }
-resumed=$(run --nproc 2 --batch-size 4 "${common[@]}" --resume "$tmp/full.safetensors" --out-dir "$tmp/o6") || { echo "$resumed"; exit 1; }
+# The same with a full checkpoint (a directory holding one safetensors
+# file, checkpoint.safetensors), resumed on 2 ranks.
+first=$(run --nproc 1 --batch-size 8 "${common[@]}" --steps 2 --ckpt-dir "$tmp/full" --checkpoint-format full --out-dir "$tmp/o5") || { echo "$first"; exit 1; }
+if [[ "$(ls "$tmp/full")" != "checkpoint.safetensors" ]]; then
+  echo "FAIL: a full checkpoint should be DIR/checkpoint.safetensors, found: $(ls "$tmp/full")"; fail=1
+fi
+resumed=$(run --nproc 2 --batch-size 4 "${common[@]}" --resume "$tmp/full" --out-dir "$tmp/o6") || { echo "$resumed"; exit 1; }
 lf=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
 if [[ "$lf" != "$l2" ]]; then
   echo "FAIL: full checkpoint resume differs:"; paste <(echo "$l2") <(echo "$lf"); fail=1
+fi
+# A single-file full checkpoint of an earlier fsdp2 still loads.
+cp "$tmp/full/checkpoint.safetensors" "$tmp/old.safetensors"
+resumed=$(run --nproc 2 --batch-size 4 "${common[@]}" --resume "$tmp/old.safetensors" --out-dir "$tmp/o6b") || { echo "$resumed"; exit 1; }
+lo=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
+if [[ "$lo" != "$l2" ]]; then
+  echo "FAIL: resuming from a single-file full checkpoint differs:"; paste <(echo "$l2") <(echo "$lo"); fail=1
+fi
+# A full save replaces a sharded checkpoint in the same directory.
+out=$(run --nproc 1 --batch-size 8 "${common[@]}" --steps 1 --ckpt-dir "$tmp/ckpt" --checkpoint-format full --out-dir "$tmp/o6c") || { echo "$out"; exit 1; }
+if [[ "$(ls "$tmp/ckpt")" != "checkpoint.safetensors" ]]; then
+  echo "FAIL: a full save should replace the sharded checkpoint in $tmp/ckpt, found: $(ls "$tmp/ckpt")"; fail=1
 fi
 
 # Rotation: a checkpoint every step, the newest 2 kept.
@@ -100,6 +118,17 @@ expect_error "no such checkpoint" --resume "$tmp/no_such_ckpt"
 expect_error "must be sharded or full" --checkpoint-format zip
 expect_error "--tensor-parallel must divide --nproc" --nproc 2 --tensor-parallel 3
 expect_error "need --tensor-parallel 1" --nproc 2 --tensor-parallel 2 --ckpt-dir "$tmp/tpckpt"
+# A target that cannot take a checkpoint is refused before any training, in
+# both formats (one line, no loss printed).
+echo "not a checkpoint" > "$tmp/a_file"
+mkdir -p "$tmp/foreign" && echo "notes" > "$tmp/foreign/notes.txt"
+for format in sharded full; do
+  expect_error "exists and is a file" --checkpoint-format $format --ckpt-dir "$tmp/a_file"
+  expect_error "is a file, not a directory" --checkpoint-format $format --ckpt-dir "$tmp/a_file/ckpt"
+  expect_error "holds 'notes.txt', which is not part of an fsdp2 checkpoint" --checkpoint-format $format --ckpt-dir "$tmp/foreign"
+  expect_error "cannot be written" --checkpoint-format $format --ckpt-dir /proc/fsdp2_ckpt
+done
+if [[ "$(cat "$tmp/foreign/notes.txt")" != "notes" ]]; then echo "FAIL: a foreign directory was touched"; fail=1; fi
 
 if [[ $fail -ne 0 ]]; then exit 1; fi
 echo "examples_test: all checks passed"

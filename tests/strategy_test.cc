@@ -10,6 +10,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -487,9 +488,10 @@ FSDP2_SCENARIO(checkpoint_errors) {
 
   // The full format (a file): it loads; a corrupted byte is caught by rank
   // 0's checksum pass; remove_checkpoint removes it.
-  const std::string file = WorkerOutDir() + "/full.safetensors";
-  checkpoint::SaveFullCheckpoint(file, *module->module(), &s.optimizer(), *s.world(), {});
-  s.load_checkpoint(file);
+  const std::string full = WorkerOutDir() + "/full";
+  const std::string file = full + "/checkpoint.safetensors";
+  checkpoint::SaveFullCheckpoint(full, *module->module(), &s.optimizer(), *s.world(), {});
+  s.load_checkpoint(full);
   // Python, with the README's lines: the file holds the model's state.
   const std::string state = WorkerOutDir() + "/state.safetensors";
   checkpoint::WriteSafetensors(state, s.lightning_module_state_dict());
@@ -501,16 +503,153 @@ FSDP2_SCENARIO(checkpoint_errors) {
     f.seekp(-5, std::ios::end);
     f.put('\x55');
   }
-  expect(file, "checksum mismatch");
+  expect(full, "checksum mismatch");
   {
     checkpoint::NamedTensors as_float;
     for (auto& kv : s.lightning_module_state_dict()) as_float.emplace_back(kv.first, kv.second.to(at::kFloat));
     checkpoint::WriteSafetensors(file, as_float, {{"fsdp2.checkpoint", "fsdp2.full.v1"},
                                                   {"optimizer", "adamw"}, {"progress", "{}"}});
   }
-  expect(file, "is Float but the model's is Double");
-  s.remove_checkpoint(file);
-  if (fs::exists(file)) throw std::runtime_error("full checkpoint not removed");
+  expect(full, "is Float but the model's is Double");
+  s.remove_checkpoint(full);
+  if (fs::exists(full)) throw std::runtime_error("full checkpoint not removed");
+}
+
+// args: FORMAT. A checkpoint target is a directory in both formats: an
+// empty one, one holding a checkpoint of either format, and a new one take
+// a save; a file, a foreign directory and an unwritable place are refused
+// on every rank (no hang), and by Trainer::fit before its first step.
+FSDP2_SCENARIO(checkpoint_targets) {
+  namespace fs = std::filesystem;
+  const std::string format = args.at(0);
+  auto options = Options();
+  options.checkpoint_format = format;
+  strategy::FSDP2Strategy s(options);
+  auto module = Prepare(s);
+  TrainOneStep(s);
+  const bool rank0 = s.world()->rank() == 0;
+  const std::string out = WorkerOutDir();
+  auto listing = [](const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    std::string joined;
+    for (const auto& n : names) joined += n + " ";
+    return joined;
+  };
+  const std::string want = format == "full" ? "checkpoint.safetensors "
+                                            : "metadata.json rank0-of-2.safetensors "
+                                              "rank1-of-2.safetensors ";
+  const auto saved = s.lightning_module_state_dict();
+  auto expect_saved_state = [&](const std::string& what) {
+    auto now = s.lightning_module_state_dict();
+    for (size_t i = 0; i < saved.size(); ++i) {
+      if (!now[i].second.equal(saved[i].second)) throw std::runtime_error(what + ": " + now[i].first);
+    }
+  };
+  // An existing empty directory; then the same directory again.
+  const std::string empty = out + "/empty";
+  if (rank0) fs::create_directories(empty);
+  s.barrier();
+  s.check_checkpoint_target(empty);
+  s.save_checkpoint(empty);
+  s.save_checkpoint(empty);
+  if (listing(empty) != want) throw std::runtime_error("layout of " + format + ": " + listing(empty));
+  s.load_checkpoint(empty);
+  expect_saved_state("load from an empty directory");
+  // A directory holding a checkpoint of the other format is replaced.
+  const std::string other = out + "/other";
+  if (format == "full") {
+    checkpoint::SaveShardedCheckpoint(other, *module->module(), &s.optimizer(), *s.world(), {});
+  } else {
+    checkpoint::SaveFullCheckpoint(other, *module->module(), &s.optimizer(), *s.world(), {});
+  }
+  s.check_checkpoint_target(other);
+  s.save_checkpoint(other);
+  if (listing(other) != want) throw std::runtime_error("replaced: " + listing(other));
+  // A new directory under new parents.
+  const std::string fresh = out + "/a/b/fresh";
+  s.check_checkpoint_target(fresh);
+  if (fs::exists(out + "/a")) throw std::runtime_error("the check created directories");
+  s.save_checkpoint(fresh);
+  s.load_checkpoint(fresh);
+  expect_saved_state("load from a new directory");
+  if (format == "full") {  // an earlier fsdp2's single file still loads
+    const std::string single = out + "/single.safetensors";
+    if (rank0) fs::copy_file(fresh + "/checkpoint.safetensors", single);
+    s.barrier();
+    s.load_checkpoint(single);
+    expect_saved_state("load from a single file");
+    s.remove_checkpoint(single);
+    if (fs::exists(single)) throw std::runtime_error("single-file checkpoint not removed");
+  }
+  // Bad targets: refused on every rank, the foreign files untouched.
+  const std::string file = out + "/a_file", foreign = out + "/foreign";
+  if (rank0) {
+    std::ofstream(file) << "mine";
+    fs::create_directories(foreign);
+    std::ofstream(foreign + "/notes.txt") << "mine";
+  }
+  s.barrier();
+  auto expect_refused = [&](const std::string& target, const std::string& text) {
+    for (int how = 0; how < 3; ++how) {
+      try {
+        if (how == 0) {
+          s.check_checkpoint_target(target);
+        } else if (how == 1) {
+          s.save_checkpoint(target);
+        } else {  // Trainer::fit, before its first step
+          strategy::TrainerOptions t;
+          t.max_steps = s.current_epoch_step().step + 2;
+          t.checkpoint_every_n_steps = 1;
+          t.checkpoint_dir = target;
+          t.progress_bar = 0;
+          t.log_every_n_steps = 1000;
+          auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+          const int64_t before = s.current_epoch_step().step;
+          strategy::Trainer trainer(s, t);
+          try {
+            trainer.fit(loader);
+          } catch (...) {
+            if (s.current_epoch_step().step != before || !trainer.history().empty()) {
+              throw std::runtime_error("Trainer::fit trained before refusing " + target);
+            }
+            throw;
+          }
+        }
+      } catch (const std::runtime_error& e) {
+        const std::string msg = e.what();
+        if (rank0 && msg.find(text) == std::string::npos) {
+          throw std::runtime_error("error '" + msg + "' lacks '" + text + "'");
+        }
+        continue;
+      }
+      throw std::runtime_error(target + " should be refused with '" + text + "'");
+    }
+  };
+  expect_refused(file, "exists and is a file");
+  expect_refused(file + "/ckpt", "is a file, not a directory");
+  expect_refused(foreign, "holds 'notes.txt', which is not part of an fsdp2 checkpoint");
+  expect_refused("/proc/fsdp2_ckpt", "cannot be written");
+  std::string text;
+  std::ifstream(foreign + "/notes.txt") >> text;
+  if (text != "mine" || listing(foreign) != "notes.txt ") throw std::runtime_error("foreign files touched");
+  // Trainer::fit with a good checkpoint_dir saves there itself.
+  strategy::TrainerOptions t;
+  t.max_steps = s.current_epoch_step().step + 1;
+  t.checkpoint_every_n_steps = 1;
+  t.checkpoint_dir = out + "/by_trainer";
+  t.progress_bar = 0;
+  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+  strategy::Trainer(s, t).fit(loader);
+  if (listing(t.checkpoint_dir) != want) throw std::runtime_error("trainer: " + listing(t.checkpoint_dir));
+}
+
+TEST(FSDP2Strategy, CheckpointTargetsAreDirectoriesInBothFormats) {
+  for (const std::string format : {"sharded", "full"}) {
+    auto r = LaunchScenario("checkpoint_targets", 2, {format}, std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << format << "\n" << r.Describe();
+  }
 }
 
 // Saves the same state to DIR over and over until killed.

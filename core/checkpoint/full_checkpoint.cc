@@ -9,7 +9,9 @@
 #include <stdexcept>
 
 #include "core/checkpoint/internal/optimizer_state.h"
+#include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/internal/rank0_error.h"
+#include "core/checkpoint/internal/swap.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/fsdp/fully_shard.h"
 
@@ -21,9 +23,17 @@ namespace fs = std::filesystem;
 constexpr const char* kFormat = "fsdp2.full.v1";
 constexpr const char* kOptimPrefix = "optim/";
 
+// The safetensors file of a full checkpoint: DIR/checkpoint.safetensors, or
+// PATH itself for a single-file checkpoint of an earlier fsdp2.
+std::string FullFile(const std::string& path) {
+  return DetectCheckpoint(path) == CheckpointLayout::kFullFile
+             ? path
+             : (fs::path(path) / kFullCheckpointFile).string();
+}
+
 }  // namespace
 
-void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
+void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
                         torch::optim::Optimizer* optimizer, comm::World& world,
                         const std::map<std::string, std::string>& progress) {
   const std::string kind = internal::OptimizerKind(optimizer);
@@ -57,12 +67,14 @@ void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
   std::string error;
   if (world.rank() == 0) {
     try {
-      writer = std::make_unique<SafetensorsStreamWriter>(path, specs, meta);
+      const std::string tmp = internal::BeginSave(dir);
+      writer = std::make_unique<SafetensorsStreamWriter>(
+          (fs::path(tmp) / kFullCheckpointFile).string(), specs, meta);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  internal::ShareRank0Error(error, world);
+  internal::ShareRank0Error(error, world, dir + ": rank 0 cannot save a checkpoint there");
   for (size_t i = 0; i < shards.size(); ++i) {
     at::Tensor full = fsdp::gather_rows(shards[i], shards[i].shard);
     if (writer) writer->write(full);
@@ -72,14 +84,20 @@ void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
       if (writer) writer->write(state);
     }
   }
-  if (writer) writer->commit();
+  if (writer) {
+    writer->commit();
+    internal::CommitSave(dir);
+  }
   world.group()->barrier().wait();
 }
 
-std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
+std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
                                                       torch::nn::Module& root,
                                                       torch::optim::Optimizer* optimizer,
                                                       comm::World& world) {
+  if (world.rank() == 0) internal::RecoverInterruptedSwap(target);
+  world.group()->barrier().wait();
+  const std::string path = FullFile(target);
   // Rank 0 checks the whole file first: format, names, shapes, checksums.
   const auto shards = fsdp::shard_info(root, world.rank());
   const std::string kind = internal::OptimizerKind(optimizer);
@@ -166,17 +184,20 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
       .get<std::map<std::string, std::string>>();
 }
 
-void RemoveFullCheckpoint(const std::string& path, comm::World& world) {
+void RemoveFullCheckpoint(const std::string& target, comm::World& world) {
   world.group()->barrier().wait();
   std::string error;
   if (world.rank() == 0) {
+    const std::string path = FullFile(target);
     try {
       SafetensorsFile f(path);
       auto format = f.metadata().find("fsdp2.checkpoint");
       if (format == f.metadata().end() || format->second != kFormat) throw IoError("");
       fs::remove(path);
+      std::error_code ec;
+      if (path != target) fs::remove(target, ec);  // only if nothing else is left in it
     } catch (const std::exception&) {
-      error = path + ": not an fsdp2 checkpoint; refusing to remove it";
+      error = target + ": not an fsdp2 checkpoint; refusing to remove it";
     }
   }
   internal::ShareRank0Error(error, world);

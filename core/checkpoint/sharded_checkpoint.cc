@@ -11,6 +11,7 @@
 
 #include "core/checkpoint/internal/optimizer_state.h"
 #include "core/checkpoint/internal/rank0_error.h"
+#include "core/checkpoint/internal/swap.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/fsdp/fully_shard.h"
 
@@ -22,17 +23,10 @@ namespace fs = std::filesystem;
 using internal::GetState;
 using internal::OptimizerKind;
 using internal::ParamState;
+using internal::RecoverInterruptedSwap;
 using internal::RowNumel;
 using internal::SetState;
 constexpr const char* kFormat = "fsdp2.sharded.v1";
-
-// A save swaps directories in two renames (DIR -> DIR.old, DIR.tmp -> DIR).
-// A crash between them leaves the previous checkpoint as DIR.old only: put
-// it back.
-void RecoverInterruptedSwap(const std::string& dir) {
-  const std::string old = dir + ".old";
-  if (!fs::exists(dir) && fs::is_directory(old)) fs::rename(old, dir);
-}
 
 std::string ShardFile(int rank, int world) {
   return "rank" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
@@ -51,15 +45,15 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
   const std::string kind = OptimizerKind(optimizer);
   const std::string tmp = dir + ".tmp";
   const auto shards = fsdp::shard_info(root, world.rank());
+  std::string error;
   if (world.rank() == 0) {
-    RecoverInterruptedSwap(dir);
-    if (fs::exists(dir) && !fs::is_directory(dir)) {
-      throw IoError(dir + ": exists and is not a directory");
+    try {
+      internal::BeginSave(dir);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    fs::remove_all(tmp);  // a save that died before
-    fs::create_directories(tmp);
   }
-  world.group()->barrier().wait();
+  internal::ShareRank0Error(error, world, dir + ": rank 0 cannot save a checkpoint there");
 
   NamedTensors tensors;
   std::map<std::string, std::string> meta;
@@ -105,11 +99,7 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
     }
     WriteFileAtomically(tmp + "/metadata.json", m.dump(2));
     // Swap in the complete directory; a crash before this leaves DIR as it was.
-    const std::string old = dir + ".old";
-    fs::remove_all(old);
-    if (fs::exists(dir)) fs::rename(dir, old);
-    fs::rename(tmp, dir);
-    fs::remove_all(old);
+    internal::CommitSave(dir);
   }
   world.group()->barrier().wait();
 }

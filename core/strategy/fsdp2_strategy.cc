@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/full_checkpoint.h"
 #include "core/checkpoint/sharded_checkpoint.h"
 #include "core/launch/local_launcher.h"
@@ -479,10 +480,9 @@ void FSDP2Strategy::save_checkpoint(const std::string& path) {
 void FSDP2Strategy::load_checkpoint(const std::string& path) {
   require_optimizer("load_checkpoint");
   refuse_tensor_parallel_checkpoint("load_checkpoint");
-  // Sharded checkpoints are directories (possibly mid-swap: DIR.old).
-  const bool sharded = std::filesystem::is_directory(path) ||
-                       std::filesystem::is_directory(path + ".old") ||
-                       !std::filesystem::exists(path);
+  const auto layout = checkpoint::DetectCheckpoint(path);
+  const bool sharded = layout == checkpoint::CheckpointLayout::kSharded ||
+                       layout == checkpoint::CheckpointLayout::kNone;
   auto progress =
       sharded ? checkpoint::LoadShardedCheckpoint(path, *module_->module(), optimizer_.get(), *world_)
               : checkpoint::LoadFullCheckpoint(path, *module_->module(), optimizer_.get(), *world_);
@@ -493,11 +493,18 @@ void FSDP2Strategy::load_checkpoint(const std::string& path) {
 
 void FSDP2Strategy::remove_checkpoint(const std::string& path) {
   require(true, false, "remove_checkpoint");
-  if (std::filesystem::is_regular_file(path)) {
+  const auto layout = checkpoint::DetectCheckpoint(path);
+  if (layout == checkpoint::CheckpointLayout::kFull ||
+      layout == checkpoint::CheckpointLayout::kFullFile) {
     checkpoint::RemoveFullCheckpoint(path, *world_);
   } else {
     checkpoint::RemoveCheckpoint(path, *world_);
   }
+}
+
+void FSDP2Strategy::check_checkpoint_target(const std::string& path) {
+  require(true, false, "check_checkpoint_target");
+  checkpoint::CheckCheckpointTarget(path, *world_);
 }
 
 void FSDP2Strategy::barrier() {

@@ -118,8 +118,10 @@ struct FSDP2StrategyOptions {
   bool cpu_offload = false;
   std::string backend = "gloo";
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // save_checkpoint's format: "sharded" (a directory, every rank writes its
-  // rows) or "full" (one safetensors file written by rank 0).
+  // save_checkpoint's format; the target is a directory in both:
+  // "sharded" (every rank writes its rows: DIR/rank<r>-of-<N>.safetensors
+  // and DIR/metadata.json) or "full" (rank 0 writes one safetensors file,
+  // DIR/checkpoint.safetensors). See core/checkpoint/checkpoint_dir.h.
   std::string checkpoint_format = "sharded";
   uint64_t seed = 0;  // torch::manual_seed on every rank in setup_environment
   ParallelizeFn parallelize_fn;  // empty: DefaultParallelize
@@ -216,10 +218,16 @@ class FSDP2Strategy {
   // checkpoint formats describe FSDP's row shards only. Save the model with
   // lightning_module_state_dict() (full tensors) meanwhile.
   void save_checkpoint(const std::string& path);
-  // Loads a checkpoint of either format (a directory is sharded, a file
-  // full) saved on any number of ranks into the parallelized model and
-  // optimizer, and restores the epoch and step counters.
+  // Loads a checkpoint directory of either format (or a single-file full
+  // checkpoint of an earlier fsdp2) saved on any number of ranks into the
+  // parallelized model and optimizer, and restores the epoch and step
+  // counters.
   void load_checkpoint(const std::string& path);
+  // Throws IoError, on every rank, unless save_checkpoint(path) can write
+  // there: a new (creatable, writable) or empty directory, or one holding an
+  // earlier checkpoint. Call before training so that a bad target costs no
+  // training (Trainer::fit does for TrainerOptions::checkpoint_dir).
+  void check_checkpoint_target(const std::string& path);
   // Deletes a checkpoint this strategy wrote (rank 0, after a barrier);
   // refuses other paths.
   void remove_checkpoint(const std::string& path);
