@@ -144,10 +144,6 @@ Flags ParseFlags(int argc, char** argv) {
     Fail("--tensor-parallel must divide --nproc (" + std::to_string(f.nproc) + "), got " +
          std::to_string(f.tensor_parallel));
   }
-  if (f.tensor_parallel > 1 && (!f.ckpt_dir.empty() || !f.resume.empty())) {
-    Fail("--ckpt-dir and --resume need --tensor-parallel 1: checkpoints of "
-         "tensor-parallel runs are not supported yet");
-  }
   if (f.steps < 1) Fail("--steps must be at least 1");
   if (f.batch_size < 1) Fail("--batch-size must be at least 1");
   if (f.grad_accum < 1) Fail("--grad-accum must be at least 1");

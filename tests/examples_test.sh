@@ -60,6 +60,17 @@ lf=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
 if [[ "$lf" != "$l2" ]]; then
   echo "FAIL: full checkpoint resume differs:"; paste <(echo "$l2") <(echo "$lf"); fail=1
 fi
+# Tensor-parallel checkpoints: (dp, tp) = (1, 2) saves after 2 steps, one
+# process resumes (sharded), and (dp, tp) = (1, 2) resumes a full checkpoint
+# of one process: the losses are the uninterrupted run's.
+first=$(run --nproc 2 --tensor-parallel 2 --batch-size 8 "${common[@]}" --steps 2 --ckpt-dir "$tmp/tpckpt" --out-dir "$tmp/otp1") || { echo "$first"; exit 1; }
+resumed=$(run --nproc 1 --batch-size 8 "${common[@]}" --resume "$tmp/tpckpt" --out-dir "$tmp/otp2") || { echo "$resumed"; exit 1; }
+ltc=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
+resumed=$(run --nproc 2 --tensor-parallel 2 --batch-size 8 "${common[@]}" --resume "$tmp/full" --out-dir "$tmp/otp3") || { echo "$resumed"; exit 1; }
+ltf=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
+if [[ "$ltc" != "$l1" || "$ltf" != "$l1" ]]; then
+  echo "FAIL: tensor-parallel checkpoints resume with other losses:"; paste <(echo "$l1") <(echo "$ltc") <(echo "$ltf"); fail=1
+fi
 # A single-file full checkpoint of an earlier fsdp2 still loads.
 cp "$tmp/full/checkpoint.safetensors" "$tmp/old.safetensors"
 resumed=$(run --nproc 2 --batch-size 4 "${common[@]}" --resume "$tmp/old.safetensors" --out-dir "$tmp/o6b") || { echo "$resumed"; exit 1; }
@@ -117,7 +128,6 @@ expect_error "needs an even --nproc" --nproc 3 --strategy hybrid_shard
 expect_error "no such checkpoint" --resume "$tmp/no_such_ckpt"
 expect_error "must be sharded or full" --checkpoint-format zip
 expect_error "--tensor-parallel must divide --nproc" --nproc 2 --tensor-parallel 3
-expect_error "need --tensor-parallel 1" --nproc 2 --tensor-parallel 2 --ckpt-dir "$tmp/tpckpt"
 # A target that cannot take a checkpoint is refused before any training, in
 # both formats (one line, no loss printed).
 echo "not a checkpoint" > "$tmp/a_file"

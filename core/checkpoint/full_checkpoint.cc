@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "core/checkpoint/internal/optimizer_state.h"
+#include "core/checkpoint/internal/param_layout.h"
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/internal/rank0_error.h"
 #include "core/checkpoint/internal/swap.h"
@@ -37,7 +38,9 @@ void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
                         torch::optim::Optimizer* optimizer, comm::World& world,
                         const std::map<std::string, std::string>& progress) {
   const std::string kind = internal::OptimizerKind(optimizer);
-  const auto shards = fsdp::shard_info(root, world.rank());
+  const auto layouts = internal::ParamLayouts(root, world.rank());
+  std::vector<fsdp::ShardInfo> shards;
+  for (const auto& l : layouts) shards.push_back(l.shard);
   // Optimizer state is saved for a parameter only if every rank has it, so
   // that every rank takes part in the same gathers.
   std::vector<c10::optional<internal::ParamState>> states(shards.size());
@@ -55,12 +58,13 @@ void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
   if (optimizer != nullptr) meta["optimizer_groups"] = internal::GroupOptionsJson(*optimizer, kind);
   for (size_t i = 0; i < shards.size(); ++i) {
     const auto& s = shards[i];
-    specs.push_back({s.name, s.shard.scalar_type(), s.global_shape});
+    const auto& full_shape = layouts[i].full_shape;
+    specs.push_back({s.name, s.shard.scalar_type(), full_shape});
     if (missing[i].item<double>() != 0) states[i].reset();
     if (!states[i]) continue;
     meta["step/" + s.name] = std::to_string(states[i]->step);
     for (const auto& [key, t] : states[i]->tensors) {
-      specs.push_back({kOptimPrefix + key + "/" + s.name, t.scalar_type(), s.global_shape});
+      specs.push_back({kOptimPrefix + key + "/" + s.name, t.scalar_type(), full_shape});
     }
   }
   std::unique_ptr<SafetensorsStreamWriter> writer;
@@ -76,11 +80,11 @@ void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
   }
   internal::ShareRank0Error(error, world, dir + ": rank 0 cannot save a checkpoint there");
   for (size_t i = 0; i < shards.size(); ++i) {
-    at::Tensor full = fsdp::gather_rows(shards[i], shards[i].shard);
+    at::Tensor full = internal::GatherFull(layouts[i], shards[i].shard);
     if (writer) writer->write(full);
     if (!states[i]) continue;
     for (const auto& item : states[i]->tensors) {
-      at::Tensor state = fsdp::gather_rows(shards[i], item.second);
+      at::Tensor state = internal::GatherFull(layouts[i], item.second);
       if (writer) writer->write(state);
     }
   }
@@ -99,7 +103,13 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
   world.group()->barrier().wait();
   const std::string path = FullFile(target);
   // Rank 0 checks the whole file first: format, names, shapes, checksums.
-  const auto shards = fsdp::shard_info(root, world.rank());
+  const auto layouts = internal::ParamLayouts(root, world.rank());
+  std::vector<fsdp::ShardInfo> shards;
+  std::map<std::string, const internal::ParamLayout*> layout_of;
+  for (const auto& l : layouts) {
+    shards.push_back(l.shard);
+    layout_of[l.shard.name] = &l;
+  }
   const std::string kind = internal::OptimizerKind(optimizer);
   std::string error;
   if (world.rank() == 0) {
@@ -120,10 +130,11 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
                                    c10::toString(f.info(s.name).dtype) + " but the model's is " +
                                    c10::toString(s.shard.scalar_type()));
         }
-        if (f.info(s.name).shape != s.global_shape) {
+        const auto& full_shape = layout_of.at(s.name)->full_shape;
+        if (f.info(s.name).shape != full_shape) {
           throw IoError(path + ": parameter '" + s.name + "' has shape " +
                                    c10::str(at::IntArrayRef(f.info(s.name).shape)) +
-                                   " but the model's is " + c10::str(at::IntArrayRef(s.global_shape)));
+                                   " but the model's is " + c10::str(at::IntArrayRef(full_shape)));
         }
       }
       for (const auto& [name, info] : f.tensors()) {
@@ -146,6 +157,8 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
   SafetensorsFile f(path);
   // This rank's rows of a tensor (a 0-d parameter is one row of one element).
   auto rows = [&](const std::string& name, const fsdp::ShardInfo& s) {
+    const internal::ParamLayout& l = *layout_of.at(s.name);
+    if (l.tp) return internal::LocalOfFull(l, f.load(name));  // TP: this rank's block
     at::Tensor local = s.global_shape.empty()
                            ? f.load(name).reshape({1}).narrow(0, s.row_start, s.local_rows)
                            : f.load_rows(name, s.row_start, s.local_rows);

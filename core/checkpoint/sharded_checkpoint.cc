@@ -5,11 +5,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
 #include "core/checkpoint/internal/optimizer_state.h"
+#include "core/checkpoint/internal/param_layout.h"
 #include "core/checkpoint/internal/rank0_error.h"
 #include "core/checkpoint/internal/swap.h"
 #include "core/checkpoint/safetensors.h"
@@ -44,7 +46,7 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
                            const std::map<std::string, std::string>& progress) {
   const std::string kind = OptimizerKind(optimizer);
   const std::string tmp = dir + ".tmp";
-  const auto shards = fsdp::shard_info(root, world.rank());
+  const auto layouts = internal::ParamLayouts(root, world.rank());
   std::string error;
   if (world.rank() == 0) {
     try {
@@ -55,18 +57,51 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
   }
   internal::ShareRank0Error(error, world, dir + ": rank 0 cannot save a checkpoint there");
 
+  // Optimizer state is saved for a parameter only if every rank has it:
+  // tensor-parallel parameters are gathered, and every rank must take part.
+  std::vector<c10::optional<ParamState>> states(layouts.size());
+  at::Tensor missing = at::zeros({static_cast<int64_t>(layouts.size()) + 1}, at::kDouble);
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (optimizer) states[i] = GetState(*optimizer, layouts[i].shard.shard);
+    missing[i] = states[i].has_value() ? 0.0 : 1.0;
+  }
+  world.group()->all_reduce(missing, comm::ReduceOp::kMax).wait();
+
   NamedTensors tensors;
   std::map<std::string, std::string> meta;
-  for (const auto& s : shards) {
-    if (!s.primary) continue;
-    tensors.emplace_back("model/" + s.name, AsRows(s.shard, s).clone());
-    meta["row_start/" + s.name] = std::to_string(s.row_start);
-    if (optimizer == nullptr) continue;
-    if (auto st = GetState(*optimizer, s.shard)) {
-      meta["step/" + s.name] = std::to_string(st->step);
-      for (const auto& [key, t] : st->tensors) {
-        tensors.emplace_back("optim/" + key + "/" + s.name, AsRows(t, s).clone());
-      }
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const auto& l = layouts[i];
+    const auto& s = l.shard;
+    if (missing[i].item<double>() != 0) states[i].reset();
+    // Rows of the full parameter this rank writes, as [rows, row_numel]:
+    // its FSDP rows, or for a tensor-parallel parameter (gathered whole) an
+    // even share of the full rows, so that the file holds every parameter
+    // under its own name and full shape whatever the (dp, tp) layout.
+    std::function<at::Tensor(const at::Tensor&)> rows;
+    int64_t row_start = s.row_start;
+    if (l.tp) {
+      const int64_t full_rows = l.full_shape.empty() ? 1 : l.full_shape[0];
+      const int64_t per_rank = (full_rows + world.size() - 1) / world.size();
+      row_start = std::min(full_rows, per_rank * world.rank());
+      const int64_t n = std::min(full_rows - row_start, per_rank);
+      rows = [&l, row_start, n, full_rows](const at::Tensor& local) {
+        at::Tensor full = internal::GatherFull(l, local);  // collective
+        return full.reshape({full_rows, RowNumel(l.full_shape)}).narrow(0, row_start, n).clone();
+      };
+    } else if (l.writes_rows) {
+      rows = [&s](const at::Tensor& local) { return AsRows(local, s).clone(); };
+    }
+    at::Tensor param = rows ? rows(s.shard) : at::Tensor();
+    const bool write = param.defined() && param.size(0) > 0;
+    if (write) {
+      tensors.emplace_back("model/" + s.name, param);
+      meta["row_start/" + s.name] = std::to_string(row_start);
+    }
+    if (!states[i]) continue;
+    if (write) meta["step/" + s.name] = std::to_string(states[i]->step);
+    for (const auto& [key, t] : states[i]->tensors) {
+      at::Tensor state = rows ? rows(t) : at::Tensor();
+      if (write) tensors.emplace_back("optim/" + key + "/" + s.name, state);
     }
   }
   WriteSafetensors(tmp + "/" + ShardFile(world.rank(), world.size()), tensors, meta);
@@ -93,9 +128,9 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
                                    info.shape.empty() ? 1 : info.shape[0]};
       }
     }
-    for (const auto& s : shards) {
-      m["params"][s.name] = {{"shape", s.global_shape},
-                             {"dtype", c10::toString(s.shard.scalar_type())}};
+    for (const auto& l : layouts) {
+      m["params"][l.shard.name] = {{"shape", l.full_shape},
+                                   {"dtype", c10::toString(l.shard.shard.scalar_type())}};
     }
     WriteFileAtomically(tmp + "/metadata.json", m.dump(2));
     // Swap in the complete directory; a crash before this leaves DIR as it was.
@@ -176,10 +211,12 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
                                              : corrupt);
   }
   // Everything is read and checked before anything is written.
-  auto assemble = [&](const std::string& key, const fsdp::ShardInfo& s) -> at::Tensor {
-    const int64_t row_start = s.row_start, rows = s.local_rows;
-    const int64_t width = RowNumel(s.global_shape);
-    at::Tensor out = at::empty({rows, width}, s.shard.options());
+  // Rows [row_start, row_start + rows) of a full tensor, as [rows, width].
+  auto read_rows = [&](const std::string& key, int64_t row_start, int64_t rows,
+                       const std::vector<int64_t>& full_shape,
+                       const at::TensorOptions& options) -> at::Tensor {
+    const int64_t width = RowNumel(full_shape);
+    at::Tensor out = at::empty({rows, width}, options);
     int64_t covered = 0;
     for (const auto& piece : pieces[key]) {
       const int64_t lo = std::max(row_start, piece.row_start);
@@ -197,34 +234,50 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
     if (covered != rows) {
       throw IoError(dir + ": rows of '" + key + "' are missing from the shard files");
     }
-    return out.view(s.shard.sizes());
+    return out;
   };
-  const auto shards = fsdp::shard_info(root, world.rank());
+  const auto layouts = internal::ParamLayouts(root, world.rank());
+  std::vector<fsdp::ShardInfo> shards;
+  for (const auto& l : layouts) shards.push_back(l.shard);
+  // This rank's shard of a tensor: its FSDP rows, or for a tensor-parallel
+  // parameter its block of the whole tensor.
+  auto assemble = [&](const std::string& key, size_t i) -> at::Tensor {
+    const auto& l = layouts[i];
+    const auto& s = l.shard;
+    if (l.tp) {
+      const int64_t full_rows = l.full_shape.empty() ? 1 : l.full_shape[0];
+      return internal::LocalOfFull(
+          l, read_rows(key, 0, full_rows, l.full_shape, s.shard.options()).view(l.full_shape));
+    }
+    return read_rows(key, s.row_start, s.local_rows, l.full_shape, s.shard.options())
+        .view(s.shard.sizes());
+  };
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
   std::vector<std::pair<const fsdp::ShardInfo*, ParamState>> states;
-  for (const auto& s : shards) {
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto& s = shards[i];
     if (!m["params"].contains(s.name)) {
       throw IoError(dir + ": has no parameter '" + s.name + "'");
     }
     const auto shape = m["params"][s.name]["shape"].get<std::vector<int64_t>>();
-    if (shape != s.global_shape) {
+    if (shape != layouts[i].full_shape) {
       throw IoError(dir + ": parameter '" + s.name + "' has shape " +
                                c10::str(at::IntArrayRef(shape)) + " but the model's is " +
-                               c10::str(at::IntArrayRef(s.global_shape)));
+                               c10::str(at::IntArrayRef(layouts[i].full_shape)));
     }
     const std::string dtype = m["params"][s.name].value("dtype", "");
     if (dtype != c10::toString(s.shard.scalar_type())) {
       throw IoError(dir + ": parameter '" + s.name + "' is " + dtype +
                                " but the model's is " + c10::toString(s.shard.scalar_type()));
     }
-    copies.emplace_back(s.shard, assemble("model/" + s.name, s));
+    copies.emplace_back(s.shard, assemble("model/" + s.name, i));
     if (optimizer == nullptr || !steps.count(s.name)) continue;
     ParamState st;
     st.step = steps[s.name];
     for (const auto& key : internal::StateKeys()) {
       const std::string name = "optim/" + key + "/" + s.name;
       if (pieces.count(name)) {
-        st.tensors[key] = assemble(name, s);
+        st.tensors[key] = assemble(name, i);
       }
     }
     states.emplace_back(&s, std::move(st));

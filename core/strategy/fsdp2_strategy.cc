@@ -5,6 +5,7 @@
 
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/full_checkpoint.h"
+#include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/sharded_checkpoint.h"
 #include "core/launch/local_launcher.h"
 #include "core/tp/clip_grad.h"
@@ -453,20 +454,23 @@ void FSDP2Strategy::load_model_state_dict(
                              tp::local_state_dict(*module_->module(), state), strict);
 }
 
-void FSDP2Strategy::refuse_tensor_parallel_checkpoint(const char* what) const {
-  if (tp_size_ > 1) {
-    throw InvalidArgumentError(
-        std::string("FSDP2Strategy::") + what + ": checkpoints with "
-        "tensor_parallel_size " + std::to_string(tp_size_) + " are not "
-        "supported yet (the checkpoint formats hold FSDP row shards only); "
-        "use tensor_parallel_size = 1, or save and load the model with "
-        "lightning_module_state_dict() / load_model_state_dict()");
+void FSDP2Strategy::load_model_state_dict(const std::string& safetensors_path, bool strict) {
+  require(true, true, "load_model_state_dict");
+  std::string file = safetensors_path;
+  if (checkpoint::DetectCheckpoint(file) == checkpoint::CheckpointLayout::kFull) {
+    file += std::string("/") + checkpoint::kFullCheckpointFile;
   }
+  const checkpoint::SafetensorsFile f(file);
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (const auto& item : f.tensors()) {
+    if (item.first.rfind("optim/", 0) == 0) continue;  // a full checkpoint's optimizer
+    state.emplace_back(item.first, f.load(item.first));
+  }
+  load_model_state_dict(state, strict);
 }
 
 void FSDP2Strategy::save_checkpoint(const std::string& path) {
   require_optimizer("save_checkpoint");
-  refuse_tensor_parallel_checkpoint("save_checkpoint");
   const std::map<std::string, std::string> progress = {
       {"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}};
   if (options_.checkpoint_format == "full") {
@@ -479,7 +483,6 @@ void FSDP2Strategy::save_checkpoint(const std::string& path) {
 
 void FSDP2Strategy::load_checkpoint(const std::string& path) {
   require_optimizer("load_checkpoint");
-  refuse_tensor_parallel_checkpoint("load_checkpoint");
   const auto layout = checkpoint::DetectCheckpoint(path);
   const bool sharded = layout == checkpoint::CheckpointLayout::kSharded ||
                        layout == checkpoint::CheckpointLayout::kNone;

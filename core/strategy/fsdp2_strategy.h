@@ -211,12 +211,18 @@ class FSDP2Strategy {
   void load_model_state_dict(
       const std::vector<std::pair<std::string, at::Tensor>>& state,
       bool strict = true);
+  // The same from a safetensors file of full tensors by name: a PyTorch
+  // model's state_dict() saved as safetensors, or a full checkpoint (its
+  // directory or file; its optimizer entries are skipped). Values are
+  // converted to the parameters' dtypes. Throws IoError for an unreadable
+  // file, InvalidArgumentError for names or shapes that do not match.
+  void load_model_state_dict(const std::string& safetensors_path, bool strict = true);
 
   // Model, optimizer and step counters, written atomically in
-  // options().checkpoint_format (see core/checkpoint/*_checkpoint.h).
-  // With tensor_parallel_size > 1 both refuse (std::invalid_argument): the
-  // checkpoint formats describe FSDP's row shards only. Save the model with
-  // lightning_module_state_dict() (full tensors) meanwhile.
+  // options().checkpoint_format (see core/checkpoint/*_checkpoint.h). Every
+  // parameter and its optimizer state are stored under their original names
+  // and full shapes, whatever the (dp, tp) layout, so a checkpoint loads on
+  // any other layout and number of ranks.
   void save_checkpoint(const std::string& path);
   // Loads a checkpoint directory of either format (or a single-file full
   // checkpoint of an earlier fsdp2) saved on any number of ranks into the
@@ -276,7 +282,6 @@ class FSDP2Strategy {
   // As require(true, true, what), and the optimizer is still there (no
   // teardown() since).
   void require_optimizer(const char* what) const;
-  void refuse_tensor_parallel_checkpoint(const char* what) const;
   at::Tensor apply_loss_reduction(StepType step, const Batch& batch,
                                   at::Tensor output);
   at::Tensor evaluation_step(StepType step, const Batch& batch, int64_t idx);
