@@ -458,6 +458,14 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_get_parameter(fsdp2_strategy_t* strategy
 FSDP2_API fsdp2_status_t fsdp2_strategy_set_parameter(
     fsdp2_strategy_t* strategy, const char* name, const fsdp2_tensor_t* value);
 
+/* Loads full parameters by name from a safetensors file (`path`, borrowed):
+ * a PyTorch model's state_dict() saved as safetensors, or a full checkpoint
+ * (its directory or file; optimizer entries are skipped). Every name and
+ * shape must match the model; values are converted to its dtypes. Each rank
+ * reads the file and keeps its own rows. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_load_model_state_dict_file(
+    fsdp2_strategy_t* strategy, const char* path);
+
 /* Epoch and optimizer steps taken (restored by load_checkpoint). */
 FSDP2_API fsdp2_status_t fsdp2_strategy_current_epoch_step(
     const fsdp2_strategy_t* strategy, int64_t* epoch, int64_t* step);

@@ -69,6 +69,16 @@ fsdp2_status_t fsdp2_strategy_remove_checkpoint(fsdp2_strategy_t* strategy, cons
   FSDP2_API_END_FILE
 }
 
+fsdp2_status_t fsdp2_strategy_load_model_state_dict_file(fsdp2_strategy_t* strategy,
+                                                         const char* path) {
+  FSDP2_API_BEGIN
+  auto s = GetStrategy(strategy);
+  NotNull(path, "path");
+  RequireParallelized(*s, "fsdp2_strategy_load_model_state_dict_file");
+  s->strategy->load_model_state_dict(std::string(path));
+  FSDP2_API_END_FILE
+}
+
 fsdp2_status_t fsdp2_strategy_optimizer_state_dict(fsdp2_strategy_t* strategy, void** data,
                                                    size_t* size) {
   FSDP2_API_BEGIN

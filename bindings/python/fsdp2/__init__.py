@@ -477,6 +477,11 @@ class FSDP2Strategy(_Handle):
         return state
 
     def load_model_state_dict(self, state):
+        """`state`: {name: array}, or the path of a safetensors file (a
+        PyTorch state_dict() saved as safetensors, or a full checkpoint)."""
+        if isinstance(state, (str, os.PathLike)):
+            _c.fsdp2_strategy_load_model_state_dict_file(self.handle, os.fspath(state))
+            return
         for name, value in state.items():
             self.set_parameter(name, value)
 

@@ -19,6 +19,7 @@ import pytest
 import fsdp2
 
 GPT = dict(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16)
+TORCH_GPT = dict(vocab_size=48, block_size=12, n_layer=2, n_head=2, n_embd=32)
 GLOBAL_ROWS = 12
 
 
@@ -75,6 +76,29 @@ def worker(scenario, out, *args):
                                             gradient_clip_val=0.5)) for i in range(start, steps)]
             if s.rank == 0:
                 np.savez(out, losses=np.array(losses))
+    elif scenario == "from_pytorch":
+        # A PyTorch state_dict() saved as safetensors loads into fsdp2, which
+        # trains on from it on PyTorch's batches.
+        ref, steps = args[0], int(args[1])
+        with open(os.path.join(ref, "losses.json")) as f:
+            torch_run = json.load(f)
+        adamw = torch_run["adamw"]
+        batches = np.load(os.path.join(ref, "batches.npz"))
+        with fsdp2.FSDP2Strategy(precision="fp32", seed=11) as s:
+            s.setup_environment()
+            with fsdp2.Model.gpt(**TORCH_GPT) as model:
+                s.connect(model, fsdp2.Optimizer(
+                    lr=torch_run["lr"], beta1=adamw["betas"][0], beta2=adamw["betas"][1],
+                    eps=adamw["eps"], weight_decay=adamw["weight_decay"]))
+            s.parallelize()
+            s.load_model_state_dict(os.path.join(ref, "state.safetensors"))
+            n = len(batches["tokens0"]) // s.data_parallel_size
+            r = s.data_parallel_rank
+            losses = [float(s.training_step([batches["tokens%d" % i][r * n:(r + 1) * n],
+                                             batches["targets%d" % i][r * n:(r + 1) * n]], i))
+                      for i in range(steps)]
+            if s.rank == 0:
+                np.savez(out, losses=np.array(losses))
     elif scenario == "barrier_after":
         import time
         with fsdp2.FSDP2Strategy(timeout_ms=20000) as s:
@@ -113,6 +137,31 @@ def launch(world, scenario, *args):
 
 # ---------------------------------------------------------------------------
 # Tests
+
+
+def test_a_pytorch_state_dict_loads_and_trains_with_pytorchs_losses(tmp_path):
+    # PyTorch (Debian's python3-torch, its own process) builds the same GPT,
+    # saves its state_dict() as safetensors with plain Python and numpy, and
+    # trains 4 AdamW steps; fsdp2 loads that file on 1 and 2 ranks and trains
+    # on the same batches with the same losses.
+    steps = 4
+    subprocess.run(["/usr/bin/python3", "core/checkpoint/pytorch_reference.py", "train",
+                    str(tmp_path), json.dumps(TORCH_GPT), str(steps)], check=True)
+    with open(tmp_path / "losses.json") as f:
+        want = json.load(f)["losses"]
+    for world in (1, 2):
+        got = launch(world, "from_pytorch", tmp_path, steps)["losses"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{world} ranks")
+    # A path that is not a safetensors file is a FileError naming it.
+    os.environ["FSDP2_STORE_PATH"] = str(tmp_path / "store")
+    try:
+        with new_strategy() as s:
+            with pytest.raises(fsdp2.FileError, match="batches.npz"):
+                s.load_model_state_dict(tmp_path / "batches.npz")
+            with pytest.raises(fsdp2.InvalidArgumentError, match="has shape"):
+                s.load_model_state_dict(str(tmp_path / "state.safetensors"))  # other sizes
+    finally:
+        del os.environ["FSDP2_STORE_PATH"]
 
 
 def test_version():

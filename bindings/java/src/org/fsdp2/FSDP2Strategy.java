@@ -363,6 +363,15 @@ public final class FSDP2Strategy extends Handle {
     for (Map.Entry<String, Tensor> e : state.entrySet()) setParameter(e.getKey(), e.getValue());
   }
 
+  /**
+   * Collective: full parameters by name from a safetensors file: a PyTorch
+   * model's state_dict() saved as safetensors, or a full checkpoint (its
+   * directory or file).
+   */
+  public void loadModelStateDict(String safetensorsPath) {
+    Fsdp2Native.fsdp2_strategy_load_model_state_dict_file(handle(), safetensorsPath);
+  }
+
   /** {epoch, optimizer steps taken}. */
   public long[] currentEpochStep() {
     long[] epoch = new long[1], step = new long[1];
