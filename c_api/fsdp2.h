@@ -411,6 +411,29 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_predict_step(
 FSDP2_API fsdp2_status_t fsdp2_strategy_save_checkpoint(
     fsdp2_strategy_t* strategy, const char* path);
 
+/* Flags of fsdp2_strategy_save_checkpoint_ex (or-ed). */
+typedef enum fsdp2_save_flags {
+  FSDP2_SAVE_ASYNC = 1 /* write in the background while training goes on */
+} fsdp2_save_flags_t;
+
+/* Collective. fsdp2_strategy_save_checkpoint with `flags`: with
+ * FSDP2_SAVE_ASYNC the collective part runs now and copies this rank's
+ * tensors to a staging buffer; a background thread writes the files
+ * (atomically, as a synchronous save) while training continues. At most one
+ * save is in flight: the next save, a load, a remove and teardown wait for
+ * it, and report its error. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_save_checkpoint_ex(
+    fsdp2_strategy_t* strategy, const char* path, uint32_t flags);
+
+/* Waits until this rank's part of a background save is written (on rank 0:
+ * the checkpoint is complete); returns the save's error if it failed. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_wait_for_checkpoint(fsdp2_strategy_t* strategy);
+
+/* Whether this rank is still writing a background save (0 or 1), into the
+ * caller-owned `in_flight`. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_checkpoint_in_flight(
+    const fsdp2_strategy_t* strategy, int32_t* in_flight);
+
 /* Collective. Loads a checkpoint of either format, saved on any number of
  * ranks, into the parallelized model and optimizer and restores the
  * counters. Every tensor's checksum is verified; on error the model is

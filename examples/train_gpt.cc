@@ -75,6 +75,7 @@ struct Flags {
   std::string resume;    // continue from this checkpoint
   std::string checkpoint_format = "sharded";
   int64_t ckpt_keep = 0;  // >0: save to ckpt-dir/step-N, keep the newest N
+  bool ckpt_async = false;  // write checkpoints in the background
   int progress_bar = -1;
 };
 
@@ -134,6 +135,8 @@ Flags ParseFlags(int argc, char** argv) {
         parser.String("checkpoint-format", f.checkpoint_format, "sharded|full");
     f.ckpt_keep = parser.Int("ckpt-keep", f.ckpt_keep,
                              "K > 0: save to ckpt-dir/step-N, keep the newest K");
+    f.ckpt_async = parser.Int("ckpt-async", f.ckpt_async ? 1 : 0,
+                              "1: write checkpoints in the background while training goes on") != 0;
     parser.Finish();
   } catch (const flags::FlagError& e) {
     Fail(e.what());
@@ -344,9 +347,10 @@ int RunRank(const Flags& f) {
         s.barrier();
         path = (fs::path(f.ckpt_dir) / ("step-" + std::to_string(step))).string();
       }
-      s.save_checkpoint(path);
+      s.save_checkpoint(path, f.ckpt_async);
       if (rank == 0) {
-        std::printf("checkpoint: step %lld saved to %s in %.0f ms\n", (long long)step,
+        std::printf("checkpoint: step %lld %s %s in %.0f ms\n", (long long)step,
+                    f.ckpt_async ? "staged (written in the background) for" : "saved to",
                     path.c_str(),
                     std::chrono::duration<double, std::milli>(
                         std::chrono::steady_clock::now() - start).count());

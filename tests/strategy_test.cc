@@ -12,11 +12,14 @@
 
 #include <algorithm>
 #include <array>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/checkpoint/background_saver.h"
 #include "core/checkpoint/full_checkpoint.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/sharded_checkpoint.h"
@@ -643,6 +646,83 @@ FSDP2_SCENARIO(checkpoint_targets) {
   auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
   strategy::Trainer(s, t).fit(loader);
   if (listing(t.checkpoint_dir) != want) throw std::runtime_error("trainer: " + listing(t.checkpoint_dir));
+}
+
+// Reads a whole file.
+std::string Bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// args: FORMAT. A background save, held back until two training steps have
+// run, writes the same bytes as a synchronous save of the same state; the
+// next save waits for it; it loads back as the state at the save.
+FSDP2_SCENARIO(background_save) {
+  namespace fs = std::filesystem;
+  auto options = Options();
+  options.checkpoint_format = args.at(0);
+  strategy::FSDP2Strategy s(options);
+  auto module = Prepare(s);
+  TrainOneStep(s);
+  const bool rank0 = s.world()->rank() == 0;
+  const std::string sync = WorkerOutDir() + "/sync", async = WorkerOutDir() + "/async";
+  s.save_checkpoint(sync);
+  const auto saved = s.lightning_module_state_dict();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int steps_done = 0;
+  checkpoint::BackgroundSaver::SetGateForTesting([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return steps_done >= 2; });
+  });
+  s.save_checkpoint(async, /*async=*/true);
+  if (!s.checkpoint_in_flight()) throw std::runtime_error("the background save is not in flight");
+  // Training goes on while the save waits to be written.
+  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+  for (int i = 1; i <= 2; ++i) {
+    s.backward(s.training_step(loader.batch(i), i));
+    s.optimizer_step();
+    if (!s.checkpoint_in_flight()) throw std::runtime_error("written before the steps ran");
+    std::lock_guard<std::mutex> lock(mu);
+    ++steps_done;
+    cv.notify_all();
+  }
+  // The next save waits for the one in flight.
+  s.save_checkpoint(WorkerOutDir() + "/next", /*async=*/true);
+  if (rank0 && !fs::exists(async)) throw std::runtime_error("the next save did not wait");
+  s.wait_for_checkpoint();
+  checkpoint::BackgroundSaver::SetGateForTesting(nullptr);
+  s.barrier();
+  if (rank0) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(sync)) names.push_back(e.path().filename().string());
+    if (names.empty()) throw std::runtime_error("nothing saved");
+    for (const auto& name : names) {
+      if (Bytes(sync + "/" + name) != Bytes(async + "/" + name)) {
+        throw std::runtime_error(name + " differs between the synchronous and background save");
+      }
+    }
+    size_t async_files = 0;
+    for (const auto& e : fs::directory_iterator(async)) async_files += e.is_regular_file();
+    if (async_files != names.size()) throw std::runtime_error("other files in the background save");
+  }
+  s.load_checkpoint(async);
+  if (s.current_epoch_step().step != 1) throw std::runtime_error("step counter of the save");
+  auto now = s.lightning_module_state_dict();
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (!now[i].second.equal(saved[i].second)) throw std::runtime_error("loaded " + now[i].first);
+  }
+  std::ofstream(WorkerOutDir() + "/steps_during_save" + std::to_string(s.world()->rank()))
+      << steps_done;
+}
+
+TEST(FSDP2Strategy, BackgroundSavesEqualSynchronousOnesWhileTrainingGoesOn) {
+  for (const std::string format : {"sharded", "full"}) {
+    auto r = LaunchScenario("background_save", 2, {format}, std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << format << "\n" << r.Describe();
+    EXPECT_EQ(ReadFile(r.out_dir + "/steps_during_save0"), "2") << format;
+  }
 }
 
 TEST(FSDP2Strategy, CheckpointTargetsAreDirectoriesInBothFormats) {

@@ -32,11 +32,11 @@ std::string FullFile(const std::string& path) {
              : (fs::path(path) / kFullCheckpointFile).string();
 }
 
-}  // namespace
-
-void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
-                        torch::optim::Optimizer* optimizer, comm::World& world,
-                        const std::map<std::string, std::string>& progress) {
+// Saves (stage = false: rank 0 streams each gathered tensor to the file) or
+// stages (rank 0 keeps them and the returned PendingWrite writes the file).
+PendingWrite SaveOrStage(const std::string& dir, torch::nn::Module& root,
+                         torch::optim::Optimizer* optimizer, comm::World& world,
+                         const std::map<std::string, std::string>& progress, bool stage) {
   const std::string kind = internal::OptimizerKind(optimizer);
   const auto layouts = internal::ParamLayouts(root, world.rank());
   std::vector<fsdp::ShardInfo> shards;
@@ -68,31 +68,56 @@ void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
     }
   }
   std::unique_ptr<SafetensorsStreamWriter> writer;
-  std::string error;
+  std::string error, file;
   if (world.rank() == 0) {
     try {
-      const std::string tmp = internal::BeginSave(dir);
-      writer = std::make_unique<SafetensorsStreamWriter>(
-          (fs::path(tmp) / kFullCheckpointFile).string(), specs, meta);
+      file = (fs::path(internal::BeginSave(dir)) / kFullCheckpointFile).string();
+      if (!stage) writer = std::make_unique<SafetensorsStreamWriter>(file, specs, meta);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
   internal::ShareRank0Error(error, world, dir + ": rank 0 cannot save a checkpoint there");
-  for (size_t i = 0; i < shards.size(); ++i) {
-    at::Tensor full = internal::GatherFull(layouts[i], shards[i].shard);
+  std::vector<at::Tensor> staged;  // rank 0, when staging
+  auto consume = [&](const at::Tensor& full) {
     if (writer) writer->write(full);
+    if (stage && world.rank() == 0) staged.push_back(full);
+  };
+  for (size_t i = 0; i < shards.size(); ++i) {
+    consume(internal::GatherFull(layouts[i], shards[i].shard));
     if (!states[i]) continue;
     for (const auto& item : states[i]->tensors) {
-      at::Tensor state = internal::GatherFull(layouts[i], item.second);
-      if (writer) writer->write(state);
+      consume(internal::GatherFull(layouts[i], item.second));
     }
   }
   if (writer) {
     writer->commit();
     internal::CommitSave(dir);
   }
+  if (!stage) return nullptr;
+  if (world.rank() != 0) return [] {};
+  return [dir, file, specs = std::move(specs), meta = std::move(meta),
+          staged = std::move(staged)] {
+    SafetensorsStreamWriter w(file, specs, meta);
+    for (const auto& t : staged) w.write(t);
+    w.commit();
+    internal::CommitSave(dir);
+  };
+}
+
+}  // namespace
+
+void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
+                        torch::optim::Optimizer* optimizer, comm::World& world,
+                        const std::map<std::string, std::string>& progress) {
+  SaveOrStage(dir, root, optimizer, world, progress, /*stage=*/false);
   world.group()->barrier().wait();
+}
+
+PendingWrite StageFullCheckpoint(const std::string& dir, torch::nn::Module& root,
+                                 torch::optim::Optimizer* optimizer, comm::World& world,
+                                 const std::map<std::string, std::string>& progress) {
+  return SaveOrStage(dir, root, optimizer, world, progress, /*stage=*/true);
 }
 
 std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,

@@ -21,6 +21,7 @@
 #include <map>
 #include <string>
 
+#include "core/checkpoint/background_saver.h"
 #include "core/comm/world.h"
 
 namespace fsdp2 {
@@ -29,6 +30,14 @@ namespace checkpoint {
 void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
                         torch::optim::Optimizer* optimizer, comm::World& world,
                         const std::map<std::string, std::string>& progress);
+
+// The same in two parts, for background saves (background_saver.h): the
+// gathers run now and rank 0 keeps every full tensor (the whole model and
+// optimizer state in its memory); the returned PendingWrite (a no-op on other
+// ranks) writes the file and swaps the directory in.
+PendingWrite StageFullCheckpoint(const std::string& dir, torch::nn::Module& root,
+                                 torch::optim::Optimizer* optimizer, comm::World& world,
+                                 const std::map<std::string, std::string>& progress);
 
 // Loads DIR (or a single-file checkpoint of an earlier fsdp2). Throws
 // std::runtime_error naming the file or parameter on any mismatch or

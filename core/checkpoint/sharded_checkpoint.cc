@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "core/checkpoint/internal/optimizer_state.h"
 #include "core/checkpoint/internal/param_layout.h"
@@ -44,6 +45,14 @@ at::Tensor AsRows(const at::Tensor& t, const fsdp::ShardInfo& s) {
 void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
                            torch::optim::Optimizer* optimizer, comm::World& world,
                            const std::map<std::string, std::string>& progress) {
+  StageShardedCheckpoint(dir, root, optimizer, world, progress)();
+  world.group()->barrier().wait();
+}
+
+PendingWrite StageShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
+                                    torch::optim::Optimizer* optimizer, comm::World& world,
+                                    const std::map<std::string, std::string>& progress,
+                                    std::chrono::milliseconds wait_for_ranks) {
   const std::string kind = OptimizerKind(optimizer);
   const std::string tmp = dir + ".tmp";
   const auto layouts = internal::ParamLayouts(root, world.rank());
@@ -104,11 +113,8 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
       if (write) tensors.emplace_back("optim/" + key + "/" + s.name, state);
     }
   }
-  WriteSafetensors(tmp + "/" + ShardFile(world.rank(), world.size()), tensors, meta);
-  world.group()->barrier().wait();  // every shard is on disk
-
+  nlohmann::json m;
   if (world.rank() == 0) {
-    nlohmann::json m;
     m["format"] = kFormat;
     m["world_size"] = world.size();
     m["optimizer"] = kind;
@@ -116,9 +122,30 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
     if (optimizer != nullptr) {
       m["optimizer_groups"] = nlohmann::json::parse(internal::GroupOptionsJson(*optimizer, kind));
     }
+    for (const auto& l : layouts) {
+      m["params"][l.shard.name] = {{"shape", l.full_shape},
+                                   {"dtype", c10::toString(l.shard.shard.scalar_type())}};
+    }
+  }
+  // What is left writes files only: no collective, any thread.
+  const int rank = world.rank(), n = world.size();
+  return [dir, tmp, tensors = std::move(tensors), meta = std::move(meta), m = std::move(m), rank,
+          n, wait_for_ranks]() mutable {
+    WriteSafetensors(tmp + "/" + ShardFile(rank, n), tensors, meta);
+    if (rank != 0) return;
+    // Every rank's file appears (atomically) once it is complete.
+    const auto deadline = std::chrono::steady_clock::now() + wait_for_ranks;
+    for (int r = 0; r < n; ++r) {
+      while (!fs::exists(tmp + "/" + ShardFile(r, n))) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          throw IoError(dir + ": rank " + std::to_string(r) + " did not write its shard file");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
     // Which rows of which parameter each file holds.
-    for (int r = 0; r < world.size(); ++r) {
-      const std::string file = ShardFile(r, world.size());
+    for (int r = 0; r < n; ++r) {
+      const std::string file = ShardFile(r, n);
       SafetensorsFile f(tmp + "/" + file);
       m["files"][file] = nlohmann::json::object();
       for (const auto& [name, info] : f.tensors()) {
@@ -128,15 +155,10 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
                                    info.shape.empty() ? 1 : info.shape[0]};
       }
     }
-    for (const auto& l : layouts) {
-      m["params"][l.shard.name] = {{"shape", l.full_shape},
-                                   {"dtype", c10::toString(l.shard.shard.scalar_type())}};
-    }
     WriteFileAtomically(tmp + "/metadata.json", m.dump(2));
     // Swap in the complete directory; a crash before this leaves DIR as it was.
     internal::CommitSave(dir);
-  }
-  world.group()->barrier().wait();
+  };
 }
 
 std::map<std::string, std::string> LoadShardedCheckpoint(

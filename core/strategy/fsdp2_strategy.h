@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/checkpoint/background_saver.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/deferred_init.h"
@@ -223,7 +224,20 @@ class FSDP2Strategy {
   // parameter and its optimizer state are stored under their original names
   // and full shapes, whatever the (dp, tp) layout, so a checkpoint loads on
   // any other layout and number of ranks.
-  void save_checkpoint(const std::string& path);
+  //
+  // With `async`, a background save: the collective part (target check,
+  // gathers) runs now and copies this rank's tensors to a staging buffer,
+  // then a background thread writes the files while training continues,
+  // still atomically (DIR.tmp, then a swap). At most one is in flight: the
+  // next save, load_checkpoint, remove_checkpoint and teardown wait for it.
+  // An error of the background write is thrown by the next of those calls or
+  // by wait_for_checkpoint().
+  void save_checkpoint(const std::string& path, bool async = false);
+  // Waits until this rank's part of a background save is written (rank 0:
+  // the checkpoint is complete and in place); rethrows its error.
+  void wait_for_checkpoint();
+  // Whether this rank is still writing a background save.
+  bool checkpoint_in_flight() const;
   // Loads a checkpoint directory of either format (or a single-file full
   // checkpoint of an earlier fsdp2) saved on any number of ranks into the
   // parallelized model and optimizer, and restores the epoch and step
@@ -295,6 +309,7 @@ class FSDP2Strategy {
   int tp_size_ = 0;
   std::shared_ptr<TrainingModule> module_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<checkpoint::BackgroundSaver> saver_;  // background saves
   bool parallelized_ = false;
   std::vector<ParameterInfo> parameter_infos_;
   c10::optional<std::string> pending_optimizer_state_;

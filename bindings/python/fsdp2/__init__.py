@@ -424,8 +424,20 @@ class FSDP2Strategy(_Handle):
                                                         int(batch_idx))
 
     # -- checkpoints and state ---------------------------------------------------
-    def save_checkpoint(self, path):
-        _c.fsdp2_strategy_save_checkpoint(self.handle, os.fspath(path))
+    def save_checkpoint(self, path, asynchronous=False):
+        """Collective. With asynchronous=True the files are written by a
+        background thread while training goes on (at most one save in
+        flight; see wait_for_checkpoint)."""
+        flags = _c.FSDP2_SAVE_ASYNC if asynchronous else 0
+        _c.fsdp2_strategy_save_checkpoint_ex(self.handle, os.fspath(path), flags)
+
+    def wait_for_checkpoint(self):
+        """Waits for this rank's background save; raises its error."""
+        _c.fsdp2_strategy_wait_for_checkpoint(self.handle)
+
+    @property
+    def checkpoint_in_flight(self):
+        return bool(_c.fsdp2_strategy_checkpoint_in_flight(self.handle))
 
     def load_checkpoint(self, path):
         _c.fsdp2_strategy_load_checkpoint(self.handle, os.fspath(path))
