@@ -13,6 +13,11 @@
 // same losses whatever --nproc is. Metrics (JSON lines, CSV) and the loss
 // curve (SVG) go to --out-dir.
 //
+// With --max-restarts N, when a rank dies the launcher stops all ranks and
+// starts them again (up to N times); a restarted job resumes from the newest
+// complete checkpoint in --ckpt-dir. For tests, FSDP2_FAULT_AT_STEP=R:S
+// makes rank R kill itself (SIGKILL) after step S of the first run.
+//
 // Under torchrun, srun or mpirun (RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK
 // set) each process is one rank and --nproc is ignored.
 #include <ATen/ATen.h>
@@ -20,6 +25,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -76,6 +82,7 @@ struct Flags {
   std::string checkpoint_format = "sharded";
   int64_t ckpt_keep = 0;  // >0: save to ckpt-dir/step-N, keep the newest N
   bool ckpt_async = false;  // write checkpoints in the background
+  int max_restarts = 0;     // restarts of all ranks after a rank fails
   int progress_bar = -1;
 };
 
@@ -137,6 +144,9 @@ Flags ParseFlags(int argc, char** argv) {
                              "K > 0: save to ckpt-dir/step-N, keep the newest K");
     f.ckpt_async = parser.Int("ckpt-async", f.ckpt_async ? 1 : 0,
                               "1: write checkpoints in the background while training goes on") != 0;
+    f.max_restarts = parser.Int("max-restarts", f.max_restarts,
+                                "when a rank dies, restart all ranks up to N times, resuming "
+                                "from the newest checkpoint in --ckpt-dir");
     parser.Finish();
   } catch (const flags::FlagError& e) {
     Fail(e.what());
@@ -174,6 +184,7 @@ Flags ParseFlags(int argc, char** argv) {
     Fail("--ckpt-every and --ckpt-keep need --ckpt-dir");
   }
   if (f.ckpt_keep < 0) Fail("--ckpt-keep must be positive");
+  if (f.max_restarts < 0) Fail("--max-restarts must be 0 or more");
   if (!f.ckpt_dir.empty()) {
     // Before any training: a target that cannot take a checkpoint fails now.
     try {
@@ -305,10 +316,16 @@ int RunRank(const Flags& f) {
   auto module = std::make_shared<models::GPTModule>(config, models::GPT2AdamW(f.lr));
   strategy.connect(module);
   strategy.parallelize();
-  if (!f.resume.empty()) {
-    strategy.load_checkpoint(f.resume);
+  // A restart after a failure resumes from the newest complete checkpoint.
+  std::string resume = f.resume;
+  if (launch::RestartCount() > 0 && !f.ckpt_dir.empty()) {
+    const std::string newest = checkpoint::NewestCheckpoint(f.ckpt_dir);
+    if (!newest.empty()) resume = newest;
+  }
+  if (!resume.empty()) {
+    strategy.load_checkpoint(resume);
     if (rank == 0) {
-      std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
+      std::printf("resumed from %s at step %lld\n", resume.c_str(),
                   (long long)strategy.current_epoch_step().step);
     }
   }
@@ -363,6 +380,17 @@ int RunRank(const Flags& f) {
       }
     };
   }
+  if (const char* fault = std::getenv("FSDP2_FAULT_AT_STEP")) {  // tests: R:S
+    const std::string spec = fault;
+    const int fault_rank = std::stoi(spec.substr(0, spec.find(':')));
+    const int64_t fault_step = std::stoll(spec.substr(spec.find(':') + 1));
+    trainer_options.on_step_end = [=](strategy::FSDP2Strategy&, int64_t step) {
+      if (rank == fault_rank && step == fault_step && launch::RestartCount() == 0) {
+        std::fflush(stdout);
+        raise(SIGKILL);
+      }
+    };
+  }
   strategy::Trainer trainer(strategy, trainer_options);
 
   if (rank == 0) {
@@ -406,6 +434,7 @@ int main(int argc, char** argv) {
       launch::LocalLaunchOptions options;
       options.nproc = flags.nproc;
       options.threads_per_rank = flags.threads;
+      options.max_restarts = flags.max_restarts;
       options.argv.assign(argv, argv + argc);
       return launch::LaunchLocal(options);
     }

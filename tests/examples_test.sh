@@ -49,6 +49,15 @@ if [[ "$lr" != "$l2" ]]; then
   paste <(echo "$l2") <(echo "$lr"); fail=1
 fi
 
+# A background save (--ckpt-async 1) writes the same files as a synchronous one.
+out=$(run --nproc 2 --batch-size 4 "${common[@]}" --steps 2 --ckpt-dir "$tmp/async" --ckpt-async 1 --out-dir "$tmp/o3b") || { echo "$out"; exit 1; }
+for f in "$tmp"/ckpt/*; do
+  cmp -s "$f" "$tmp/async/$(basename "$f")" || { echo "FAIL: --ckpt-async wrote another $(basename "$f")"; fail=1; }
+done
+if [[ "$(ls "$tmp/async")" != "$(ls "$tmp/ckpt")" ]] || ! grep -q "written in the background" <<<"$out"; then
+  echo "FAIL: --ckpt-async: $(ls "$tmp/async") vs $(ls "$tmp/ckpt")"; echo "$out"; fail=1
+fi
+
 # The same with a full checkpoint (a directory holding one safetensors
 # file, checkpoint.safetensors), resumed on 2 ranks.
 first=$(run --nproc 1 --batch-size 8 "${common[@]}" --steps 2 --ckpt-dir "$tmp/full" --checkpoint-format full --out-dir "$tmp/o5") || { echo "$first"; exit 1; }
@@ -88,6 +97,29 @@ fi
 out=$(run --nproc 2 --batch-size 4 "${common[@]}" --ckpt-dir "$tmp/rot" --ckpt-every 1 --ckpt-keep 2 --out-dir "$tmp/o7") || { echo "$out"; exit 1; }
 if [[ "$(ls "$tmp/rot" | tr '\n' ' ')" != "step-3 step-4 " ]]; then
   echo "FAIL: --ckpt-keep 2 should leave step-3 and step-4, found: $(ls "$tmp/rot")"; fail=1
+fi
+
+# Restart after a failure: rank 1 dies (SIGKILL) after step 3, with a
+# checkpoint every 2 steps; with --max-restarts 1 the launcher restarts both
+# ranks, they resume from step 2 and end with the uninterrupted losses.
+# Without it the job fails. Then rank 0 dies after step 3 of a run saving
+# full checkpoints in the background every step into step-N directories.
+restart_losses() { sed -n '/^\[rank 0\] resumed from/,$p' | losses; }
+want=$(echo "$l2" | tail -n 2)
+out=$(FSDP2_FAULT_AT_STEP=1:3 run --nproc 2 --batch-size 4 "${common[@]}" --ckpt-dir "$tmp/restart" --ckpt-every 2 --max-restarts 1 --out-dir "$tmp/o10") || { echo "$out"; fail=1; }
+if [[ "$(restart_losses <<<"$out")" != "$want" ]] || ! grep -q "restarting all 2 ranks" <<<"$out" \
+   || ! grep -q "resumed from $tmp/restart at step 2" <<<"$out"; then
+  echo "FAIL: a run restarted after rank 1 died should resume at step 2 with the uninterrupted losses:"
+  echo "$out"; paste <(echo "$want") <(restart_losses <<<"$out"); fail=1
+fi
+if FSDP2_FAULT_AT_STEP=1:3 run --nproc 2 --batch-size 4 "${common[@]}" --ckpt-dir "$tmp/restart0" --ckpt-every 2 --out-dir "$tmp/o11" > /dev/null; then
+  echo "FAIL: without --max-restarts a dead rank should fail the job"; fail=1
+fi
+out=$(FSDP2_FAULT_AT_STEP=0:3 run --nproc 2 --batch-size 4 "${common[@]}" --ckpt-dir "$tmp/restart2" --ckpt-every 1 --ckpt-keep 2 --ckpt-async 1 --checkpoint-format full --max-restarts 2 --out-dir "$tmp/o12") || { echo "$out"; fail=1; }
+got=$(restart_losses <<<"$out")
+if [[ -z "$got" || "$got" != "$(echo "$l2" | tail -n "$(wc -l <<<"$got")")" ]] \
+   || ! grep -q "resumed from $tmp/restart2/step-[23] at step [23]" <<<"$out"; then
+  echo "FAIL: a run restarted after rank 0 died during background saves differs:"; echo "$out"; fail=1
 fi
 
 # The allocator (core/launch/allocator.h): every rank the launcher starts

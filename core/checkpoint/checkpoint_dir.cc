@@ -85,6 +85,34 @@ CheckpointLayout DetectCheckpoint(const std::string& path) {
   return CheckpointLayout::kSharded;
 }
 
+std::string NewestCheckpoint(const std::string& dir) {
+  auto complete = [](const std::string& p) {
+    for (const std::string& d : {p, p + ".old"}) {
+      if (fs::is_regular_file(fs::path(d) / kFullCheckpointFile) ||
+          fs::is_regular_file(fs::path(d) / "metadata.json")) {
+        return true;
+      }
+    }
+    return false;
+  };
+  if (complete(dir)) return dir;
+  std::string newest;
+  long long newest_step = -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    static const std::regex step("step-([0-9]+)");
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, step) || !complete(e.path().string())) continue;
+    const long long n = std::stoll(m[1]);
+    if (n > newest_step) {
+      newest_step = n;
+      newest = e.path().string();
+    }
+  }
+  return newest;
+}
+
 void CheckCheckpointTarget(const std::string& dir) {
   if (dir.empty()) throw IoError("checkpoint target: an empty path");
   const fs::path target = fs::absolute(dir);

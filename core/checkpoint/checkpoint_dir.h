@@ -39,6 +39,13 @@ enum class CheckpointLayout {
 // two renames of a swap counts as DIR (the loaders put it back). Reads only.
 CheckpointLayout DetectCheckpoint(const std::string& path);
 
+// The newest complete checkpoint at `dir`: `dir` itself when it holds one
+// (a sharded checkpoint's metadata.json, a full one's file, or either left
+// as DIR.old by a crash mid-swap), else its step-<N> subdirectory with the
+// largest N that holds one (the main job's --ckpt-keep layout); "" if none.
+// A save that died leaves only DIR.tmp, which never counts.
+std::string NewestCheckpoint(const std::string& dir);
+
 // Throws IoError (std::runtime_error) saying what is wrong and what to do
 // unless a checkpoint can be saved to `dir`: see above. Probes writability
 // by creating and removing a directory beside `dir`; creates nothing else.

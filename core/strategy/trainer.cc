@@ -116,6 +116,7 @@ const std::vector<StepMetrics>& Trainer::fit(DataLoader& train, DataLoader* val)
           strategy_.save_checkpoint(options_.checkpoint_dir);
         }
       }
+      if (options_.on_step_end) options_.on_step_end(strategy_, step);
     }
   }
   if (rank0) {

@@ -187,6 +187,12 @@ class FSDP2StrategyTest {
     s.loadCheckpoint(ckpt);
     assertArrayEquals(saved, s.getParameter("wte.weight").toFloatArray());
     assertArrayEquals(new long[] {0, 3}, s.currentEpochStep());
+    // A background save: written while the caller goes on, then loadable.
+    s.saveCheckpoint(ckpt, true);
+    s.waitForCheckpoint();
+    assertFalse(s.checkpointInFlight());
+    s.loadCheckpoint(ckpt);
+    assertArrayEquals(saved, s.getParameter("wte.weight").toFloatArray());
     s.removeCheckpoint(ckpt);
     assertFalse(Files.exists(Path.of(ckpt)), ckpt + " still exists");
     expect(Status.IO, "not an fsdp2 checkpoint",
