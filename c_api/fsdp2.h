@@ -133,6 +133,20 @@ FSDP2_API fsdp2_status_t fsdp2_launch_local(int32_t nproc, int32_t threads_per_r
                                             int argc, char** argv,
                                             int32_t* exit_code);
 
+/* fsdp2_launch_local with restarts: when a rank fails, all ranks are
+ * stopped and started again, up to `max_restarts` times (0: as
+ * fsdp2_launch_local). Each run's ranks see which run they are in
+ * fsdp2_restart_count; a program resumes from its newest complete
+ * checkpoint when it is positive. *exit_code: 0 once a run succeeded, else
+ * the last run's first failing rank's code. */
+FSDP2_API fsdp2_status_t fsdp2_launch_local_with_restarts(
+    int32_t nproc, int32_t threads_per_rank, int32_t max_restarts, int argc, char** argv,
+    int32_t* exit_code);
+
+/* Which run of a job started with restarts this rank belongs to (0: the
+ * first; also 0 outside such a job), into the caller-owned `restart_count`. */
+FSDP2_API fsdp2_status_t fsdp2_restart_count(int32_t* restart_count);
+
 /* The memory allocator this process runs with: "tcmalloc", "jemalloc" or
  * "system" (glibc's malloc). Ranks that fsdp2_launch_local starts run with
  * the one the FSDP2_ALLOCATOR variable asks for, tcmalloc unless it says

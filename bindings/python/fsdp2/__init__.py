@@ -33,7 +33,7 @@ __all__ = [
     "ShapeError", "FileError", "CommunicationError", "OutOfMemoryError",
     "InternalError", "FSDP2Strategy", "Model",
     "Optimizer", "TokenDataLoader", "StepResult", "launch_local",
-    "is_rank_process", "version", "abi_version", "allocator",
+    "is_rank_process", "version", "abi_version", "allocator", "restart_count",
 ]
 
 
@@ -522,9 +522,17 @@ def is_rank_process():
     return bool(_c.fsdp2_is_rank_process())
 
 
-def launch_local(nproc, argv=None, threads_per_rank=0):
+def launch_local(nproc, argv=None, threads_per_rank=0, max_restarts=0):
     """Runs this Python program again as `nproc` local ranks and waits;
     returns the exit code (0 when every rank succeeded). `argv`: the script
-    and its arguments (default: sys.argv)."""
+    and its arguments (default: sys.argv). With max_restarts N, when a rank
+    dies all ranks are stopped and started again, up to N times: a rank
+    whose restart_count() is positive resumes from its newest checkpoint."""
     args = [sys.executable] + list(sys.argv if argv is None else argv)
-    return _c.fsdp2_launch_local(int(nproc), int(threads_per_rank), args)
+    return _c.fsdp2_launch_local_with_restarts(int(nproc), int(threads_per_rank),
+                                               int(max_restarts), args)
+
+
+def restart_count():
+    """Which run of a job launched with restarts this rank is in (0: first)."""
+    return _c.fsdp2_restart_count()
