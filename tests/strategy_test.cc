@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <array>
 #include <condition_variable>
+#include <csignal>
 #include <mutex>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -732,13 +734,20 @@ TEST(FSDP2Strategy, CheckpointTargetsAreDirectoriesInBothFormats) {
   }
 }
 
-// Saves the same state to DIR over and over until killed.
+// args: DIR DELAY_MS. Saves the same state to DIR once, then over and over
+// until it kills itself (SIGKILL) DELAY_MS later, whatever it is doing then:
+// no deadline of the harness races with the setup.
 FSDP2_SCENARIO(save_forever) {
   strategy::FSDP2Strategy s(Options());
   Prepare(s);
   TrainOneStep(s);
   s.save_checkpoint(args.at(0));
-  std::ofstream(WorkerOutDir() + "/saved_once").put('1');
+  std::ofstream(WorkerOutDir() + "/saved_once" + std::to_string(s.world()->rank())).put('1');
+  const int delay_ms = std::stoi(args.at(1));
+  std::thread([delay_ms] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    raise(SIGKILL);
+  }).detach();
   for (;;) s.save_checkpoint(args.at(0));
 }
 
@@ -755,12 +764,18 @@ FSDP2_SCENARIO(load_and_dump) {
 TEST(FSDP2Strategy, KilledDuringSaveLeavesALoadableCheckpoint) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/killed";
   std::vector<at::Tensor> first_load;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    // Every rank is SIGKILLed when the time is up, in the middle of a save
-    // (they save back to back).
-    auto r = LaunchScenario("save_forever", 2, {dir}, std::chrono::seconds(6 + attempt));
-    ASSERT_TRUE(r.ranks[0].timed_out) << "the ranks should still be saving\n" << r.Describe();
-    ASSERT_TRUE(std::ifstream(r.out_dir + "/saved_once").good())
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    // Every rank SIGKILLs itself a while after its first save, most likely
+    // in the middle of one (they save back to back); the delays differ so
+    // that the kills land at different points.
+    auto r = LaunchScenario("save_forever", 2, {dir, std::to_string(7 + 23 * attempt)},
+                            std::chrono::seconds(180));
+    for (const auto& rank : r.ranks) {
+      ASSERT_FALSE(rank.timed_out) << r.Describe();
+      ASSERT_EQ(rank.exit_code, 128 + SIGKILL) << "the ranks should be killed\n" << r.Describe();
+    }
+    // Rank 0 returns from a save once the checkpoint is in place.
+    ASSERT_TRUE(std::ifstream(r.out_dir + "/saved_once0").good())
         << "not one save completed before the kill\n" << r.Describe();
     auto loaded = LaunchScenario("load_and_dump", 2, {dir}, std::chrono::seconds(120));
     ASSERT_TRUE(loaded.ok()) << "after a kill mid-save:\n" << loaded.Describe();
