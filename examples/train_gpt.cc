@@ -163,7 +163,6 @@ Flags ParseFlags(int argc, char** argv) {
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
   if (f.tensor_parallel < 1) Fail("--tensor-parallel must be at least 1");
-  }
   if (f.steps < 1) Fail("--steps must be at least 1");
   if (f.batch_size < 1) Fail("--batch-size must be at least 1");
   if (f.grad_accum < 1) Fail("--grad-accum must be at least 1");
