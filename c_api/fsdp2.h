@@ -69,7 +69,10 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 1
+/* 1.2: fsdp2_strategy_load_model_state_dict_file, _save_checkpoint_ex,
+ * _wait_for_checkpoint, _checkpoint_in_flight, fsdp2_launch_local_with_restarts,
+ * fsdp2_restart_count. */
+#define FSDP2_ABI_VERSION_MINOR 2
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the

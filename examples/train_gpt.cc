@@ -98,6 +98,24 @@ const char* kUsage =
   std::exit(2);
 }
 
+// The complete step-<N> checkpoints in `dir`, oldest first.
+std::vector<std::string> KeptCheckpoints(const std::string& dir) {
+  std::vector<std::pair<long long, std::string>> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos ||
+        name.size() == 5 || checkpoint::NewestCheckpoint(e.path().string()) != e.path().string()) {
+      continue;
+    }
+    steps.emplace_back(std::stoll(name.substr(5)), e.path().string());
+  }
+  std::sort(steps.begin(), steps.end());
+  std::vector<std::string> out;
+  for (auto& item : steps) out.push_back(std::move(item.second));
+  return out;
+}
+
 // The directory the first save writes: --ckpt-dir, or with --ckpt-keep a
 // step-N directory inside it.
 std::string CheckpointTarget(const Flags& f) {
@@ -359,14 +377,23 @@ int RunRank(const Flags& f) {
     // With --ckpt-keep K: one checkpoint per save, ckpt-dir/step-<N>, and
     // only the newest K kept.
     auto saved = std::make_shared<std::vector<std::string>>();
+    // After a restart, the step-N checkpoints of the runs before count too.
+    if (f.ckpt_keep > 0 && launch::RestartCount() > 0) *saved = KeptCheckpoints(f.ckpt_dir);
     trainer_options.on_checkpoint = [&f, rank, saved](strategy::FSDP2Strategy& s, int64_t step) {
-      const auto start = std::chrono::steady_clock::now();
       std::string path = f.ckpt_dir;
       if (f.ckpt_keep > 0) {
+        // Make room first: removing waits for a background save in flight,
+        // which is most likely done by now; the new one then overlaps
+        // training.
+        while (static_cast<int64_t>(saved->size()) >= f.ckpt_keep) {
+          s.remove_checkpoint(saved->front());
+          saved->erase(saved->begin());
+        }
         if (rank == 0) fs::create_directories(f.ckpt_dir);
         s.barrier();
         path = (fs::path(f.ckpt_dir) / ("step-" + std::to_string(step))).string();
       }
+      const auto start = std::chrono::steady_clock::now();
       s.save_checkpoint(path, f.ckpt_async);
       if (rank == 0) {
         std::printf("checkpoint: step %lld %s %s in %.0f ms\n", (long long)step,
@@ -375,12 +402,7 @@ int RunRank(const Flags& f) {
                     std::chrono::duration<double, std::milli>(
                         std::chrono::steady_clock::now() - start).count());
       }
-      if (f.ckpt_keep <= 0) return;
-      saved->push_back(path);
-      while (static_cast<int64_t>(saved->size()) > f.ckpt_keep) {
-        s.remove_checkpoint(saved->front());
-        saved->erase(saved->begin());
-      }
+      if (f.ckpt_keep > 0) saved->push_back(path);
     };
   }
   if (const char* fault = std::getenv("FSDP2_FAULT_AT_STEP")) {  // tests: R:S

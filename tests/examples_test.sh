@@ -133,6 +133,10 @@ if [[ -z "$got" || "$got" != "$(echo "$l2" | tail -n "$(wc -l <<<"$got")")" ]] \
    || ! grep -q "resumed from $tmp/restart2/step-[23] at step [23]" <<<"$out"; then
   echo "FAIL: a run restarted after rank 0 died during background saves differs:"; echo "$out"; fail=1
 fi
+# --ckpt-keep 2 counts the checkpoints of the run before the restart too.
+if [[ "$(ls "$tmp/restart2" | tr '\n' ' ')" != "step-3 step-4 " ]]; then
+  echo "FAIL: after the restart --ckpt-keep 2 should leave step-3 and step-4, found: $(ls "$tmp/restart2")"; fail=1
+fi
 
 # The allocator (core/launch/allocator.h): every rank the launcher starts
 # runs with tcmalloc, and so does a rank an outside launcher started
