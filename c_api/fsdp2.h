@@ -69,10 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-/* 1.2: fsdp2_strategy_load_model_state_dict_file, _save_checkpoint_ex,
- * _wait_for_checkpoint, _checkpoint_in_flight, fsdp2_launch_local_with_restarts,
- * fsdp2_restart_count. */
-#define FSDP2_ABI_VERSION_MINOR 2
+#define FSDP2_ABI_VERSION_MINOR 2 /* 1.2: background saves, restarts, state files */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -136,18 +133,15 @@ FSDP2_API fsdp2_status_t fsdp2_launch_local(int32_t nproc, int32_t threads_per_r
                                             int argc, char** argv,
                                             int32_t* exit_code);
 
-/* fsdp2_launch_local with restarts: when a rank fails, all ranks are
- * stopped and started again, up to `max_restarts` times (0: as
- * fsdp2_launch_local). Each run's ranks see which run they are in
- * fsdp2_restart_count; a program resumes from its newest complete
- * checkpoint when it is positive. *exit_code: 0 once a run succeeded, else
- * the last run's first failing rank's code. */
+/* fsdp2_launch_local that, when a rank fails, stops all ranks and starts
+ * them again up to `max_restarts` times; a rank whose fsdp2_restart_count is
+ * positive should resume from its newest checkpoint. *exit_code: 0 once a
+ * run succeeded, else the last run's code. */
 FSDP2_API fsdp2_status_t fsdp2_launch_local_with_restarts(
     int32_t nproc, int32_t threads_per_rank, int32_t max_restarts, int argc, char** argv,
     int32_t* exit_code);
 
-/* Which run of a job started with restarts this rank belongs to (0: the
- * first; also 0 outside such a job), into the caller-owned `restart_count`. */
+/* This rank's run of a job launched with restarts (0: the first, or none). */
 FSDP2_API fsdp2_status_t fsdp2_restart_count(int32_t* restart_count);
 
 /* The memory allocator this process runs with: "tcmalloc", "jemalloc" or
@@ -423,31 +417,24 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_predict_step(
     int64_t batch_idx, fsdp2_tensor_t* output);
 
 /* Collective. Writes model, optimizer state and the epoch/step counters to
- * `path` (borrowed) in the strategy's checkpoint format, atomically: a kill
- * mid-save leaves the previous checkpoint loadable. */
+ * the directory `path` (borrowed; in both formats) in the strategy's checkpoint
+ * format, atomically: a kill mid-save leaves the previous checkpoint loadable. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_save_checkpoint(
     fsdp2_strategy_t* strategy, const char* path);
 
-/* Flags of fsdp2_strategy_save_checkpoint_ex (or-ed). */
-typedef enum fsdp2_save_flags {
-  FSDP2_SAVE_ASYNC = 1 /* write in the background while training goes on */
-} fsdp2_save_flags_t;
+typedef enum fsdp2_save_flags { FSDP2_SAVE_ASYNC = 1 } fsdp2_save_flags_t;
 
-/* Collective. fsdp2_strategy_save_checkpoint with `flags`: with
- * FSDP2_SAVE_ASYNC the collective part runs now and copies this rank's
- * tensors to a staging buffer; a background thread writes the files
- * (atomically, as a synchronous save) while training continues. At most one
- * save is in flight: the next save, a load, a remove and teardown wait for
- * it, and report its error. */
+/* Collective. With FSDP2_SAVE_ASYNC the collective part runs now and stages
+ * this rank's tensors; a background thread writes the files (atomically)
+ * while training goes on. At most one save is in flight: the next save, a
+ * load, a remove and teardown wait for it and report its error. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_save_checkpoint_ex(
     fsdp2_strategy_t* strategy, const char* path, uint32_t flags);
 
-/* Waits until this rank's part of a background save is written (on rank 0:
- * the checkpoint is complete); returns the save's error if it failed. */
+/* Waits for this rank's part of a background save; returns its error. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_wait_for_checkpoint(fsdp2_strategy_t* strategy);
 
-/* Whether this rank is still writing a background save (0 or 1), into the
- * caller-owned `in_flight`. */
+/* 1 while this rank is still writing a background save, else 0. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_checkpoint_in_flight(
     const fsdp2_strategy_t* strategy, int32_t* in_flight);
 
@@ -498,11 +485,9 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_get_parameter(fsdp2_strategy_t* strategy
 FSDP2_API fsdp2_status_t fsdp2_strategy_set_parameter(
     fsdp2_strategy_t* strategy, const char* name, const fsdp2_tensor_t* value);
 
-/* Loads full parameters by name from a safetensors file (`path`, borrowed):
- * a PyTorch model's state_dict() saved as safetensors, or a full checkpoint
- * (its directory or file; optimizer entries are skipped). Every name and
- * shape must match the model; values are converted to its dtypes. Each rank
- * reads the file and keeps its own rows. */
+/* Collective. Full parameters by name from a safetensors file: a PyTorch
+ * state_dict() saved as safetensors, or a full checkpoint (optimizer entries
+ * skipped). Names and shapes must match; each rank keeps its rows. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_load_model_state_dict_file(
     fsdp2_strategy_t* strategy, const char* path);
 
