@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -56,13 +57,14 @@ strategy::DistributedSamplerOptions SamplerOptions() {
   return o;
 }
 
-// args: dp tp "save" DIR FORMAT | dp tp "load" DIR. Saves after kSavedAt
-// steps from InitialState(), or loads and trains on to kEnd.
+// args: dp tp "save"|"save_async" DIR FORMAT | dp tp "load" DIR. Saves
+// (in the background) after kSavedAt steps from InitialState(), or loads and
+// trains on to kEnd.
 FSDP2_SCENARIO(tp_checkpoint) {
   auto o = TestStrategyOptions(kSeed, kSamplerSeed);
   o.data_parallel_size = strategy::ParallelSize::Parse(args.at(0));
   o.tensor_parallel_size = strategy::ParallelSize::Parse(args.at(1));
-  const bool save = args.at(2) == "save";
+  const bool save = args.at(2) != "load";
   const std::string dir = args.at(3);
   if (save) o.checkpoint_format = args.at(4);
   strategy::FSDP2Strategy s(o);
@@ -87,7 +89,8 @@ FSDP2_SCENARIO(tp_checkpoint) {
     s.optimizer_step(kClip);
     out << s.reduce(loss).item<double>() << "\n";
   }
-  if (save) s.save_checkpoint(dir);
+  if (save) s.save_checkpoint(dir, /*async=*/args.at(2) == "save_async");
+  s.teardown();  // waits for a background save
 }
 
 struct Layout {
@@ -177,6 +180,15 @@ TEST(TensorParallelCheckpoints, LoadOnAnyLayoutWithTheUninterruptedLosses) {
       }
       std::printf("%s checkpoint saved on %s resumes with one process's losses on %zu layouts\n",
                   format.c_str(), c.saved.name().c_str(), c.loaded.size());
+    }
+    // A background save of a tensor-parallel run: the same files.
+    const std::string sync_dir = tmp + "/" + format + "22", async_dir = tmp + "/" + format + "22async";
+    auto saved = RunLayout({2, 2}, {"save_async", async_dir, format});
+    ASSERT_TRUE(saved.ok()) << format << " background save on (2, 2)\n" << saved.Describe();
+    for (const auto& e : std::filesystem::directory_iterator(sync_dir)) {
+      const std::string name = e.path().filename().string();
+      EXPECT_EQ(ReadFile(sync_dir + "/" + name), ReadFile(async_dir + "/" + name))
+          << format << ": " << name << " differs between a synchronous and a background save";
     }
   }
 }
