@@ -6,12 +6,13 @@
 # GLOO_SOCKET_IFNAME, so the job must find the interface itself).
 #
 # Every strategy on 2 hosts x 2 ranks must print the losses of one process
-# training the same global batch; HYBRID_SHARD must shard within each host
+# training the same global batch and end with its parameters; HYBRID_SHARD must shard within each host
 # (DeviceMesh(replicate=2, shard=2), half of the parameters per rank) and
 # send fewer bytes between the hosts than FULL_SHARD (counted on the veth).
 # Needs root (tests/hosts_lib.sh makes the hosts, or says SKIPPED).
 set -uo pipefail
 train="$1"
+load_safetensors="$2"  # core/checkpoint/load_safetensors.py
 tmp="${TEST_TMPDIR:-/tmp}"
 fail=0
 
@@ -25,7 +26,8 @@ losses() { grep -o ' loss [0-9][0-9.]*' | awk '{print $2}'; }
 sent_mib() { grep -oE "$2 [0-9.]+ MiB" <<<"$1" | awk '{print $2} END { if (NR == 0) print 0 }'; }
 tx_bytes() { ip -n "$nsa" -s link show "$va" | awk '/TX:/ {getline; print $1}'; }
 
-one=$(timeout 300 "$train" --nproc 1 --batch-size 8 "${common[@]}" --out-dir "$tmp/one" 2>&1) \
+one=$(timeout 300 "$train" --nproc 1 --batch-size 8 "${common[@]}" --out-dir "$tmp/one" \
+  --ckpt-dir "$tmp/ck-one" --checkpoint-format full 2>&1) \
   || { echo "FAIL: one process"; echo "$one"; exit 1; }
 l1=$(echo "$one" | losses)
 [[ -n "$l1" ]] || { echo "FAIL: no losses from one process"; echo "$one"; exit 1; }
@@ -39,7 +41,8 @@ run_hosts() {
     start_rank $(( r / 2 )) "$tmp/$strategy.$r.log" RANK=$r WORLD_SIZE=4 \
       LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 MASTER_ADDR=10.231.7.1 \
       MASTER_PORT=$port FSDP2_TIMEOUT_S=60 -- timeout 300 "$train" --batch-size 2 \
-      "${common[@]}" --strategy "$strategy" --out-dir "$tmp/$strategy-$r"
+      "${common[@]}" --strategy "$strategy" --out-dir "$tmp/$strategy-$r" \
+      --ckpt-dir "$tmp/ck-$strategy" --checkpoint-format full
     pids+=($!)
   done
   local status=0
@@ -61,6 +64,32 @@ for strategy in full_shard shard_grad_op no_shard hybrid_shard; do
   if ! grep -q '^\[rank 0\] hosts: 2; gloo: route to MASTER_ADDR via '"$va"' (10.231.7.1)' <<<"$out"; then
     echo "FAIL: $strategy: rank 0 should find 2 hosts and reach MASTER_ADDR through $va:"
     grep '^\[rank 0\]' <<<"$out"; fail=1
+  fi
+  # The parameters at the end (full checkpoints, every tensor by name).
+  if ! cmp=$(/usr/bin/python3 - "$load_safetensors" "$tmp/ck-one/checkpoint.safetensors" \
+        "$tmp/ck-$strategy/checkpoint.safetensors" <<'PY' 2>&1
+import importlib.util, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("st", sys.argv[1])
+st = importlib.util.module_from_spec(spec); spec.loader.exec_module(st)
+a, _ = st.load_safetensors(sys.argv[2])
+b, _ = st.load_safetensors(sys.argv[3])
+names = [n for n in a if not n.startswith("optim/")]
+assert names and sorted(names) == sorted(n for n in b if not n.startswith("optim/")), "names differ"
+# Per tensor, the norm of the difference against the tensor's norm (fp32:
+# AdamW's normalised steps turn rounding in near-zero gradients into
+# lr-sized differences of single elements, so not element by element). The
+# same run on 2 or 4 ranks of one host ends 2-2.5e-5 from one process (worst
+# on a zero-initialised bias); float64 equality is //tests:fsdp_equivalence_test's.
+worst = max(float(np.linalg.norm((a[n] - b[n]).ravel()) / max(np.linalg.norm(a[n].ravel()), 1e-12))
+            for n in names)
+print("%d parameters, worst relative difference (norm) %.1e" % (len(names), worst))
+sys.exit(0 if worst < 1e-4 else 1)
+PY
+  ); then
+    echo "FAIL: $strategy: parameters at the end differ from one process: $cmp"; fail=1
+  else
+    echo "$strategy: parameters equal one process ($cmp)"
   fi
   echo "$strategy: losses equal one process; bytes host0 -> host1 ${crossed[$strategy]} (3 steps)"
   # What each rank sent, by transport: a group spanning both hosts goes
