@@ -376,6 +376,58 @@ TEST(Fsdp, Float32WithinRounding) {
   ExpectPairsEqual(spec, {1e-6, false});
 }
 
+TEST(Fsdp, Bf16MixedPrecisionIdenticalToo) {
+  TrainSpec spec;
+  spec.dtype = "float32";
+  spec.mixed_precision = "bf16";
+  spec.ac = "full";
+  ExpectPairsEqual(spec, {1e-6, false}, {1, 2});
+}
+
+// A sharded, checkpointed module called twice in one forward, against the
+// same without checkpointing. Writes rank<r>.txt: losses, then the
+// parameters.
+FSDP2_SCENARIO(ac_twice) {
+  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  std::ofstream out(WorkerOutDir() + "/rank" + std::to_string(world->rank()) + ".txt");
+  out.precision(17);
+  for (bool checkpoint : {false, true}) {
+    torch::manual_seed(9);
+    Twice net;
+    net->to(at::kDouble);
+    fsdp::fully_shard(net->inner, DataParallelOptions(world));
+    fsdp::fully_shard(net, DataParallelOptions(world));
+    fsdp::checkpoint_module(net->inner, checkpoint);
+    auto opt = strategy::MakeOptimizer(net->parameters(), TestOptimizer("adamw"));
+    for (int step = 0; step < 4; ++step) {
+      auto gen = at::detail::createCPUGenerator(100 + step * world->size() + world->rank());
+      at::Tensor loss = fsdp::forward(net, at::randn({3, 8}, gen, at::kDouble)).pow(2).mean();
+      opt->zero_grad();
+      loss.backward();
+      opt->step();
+      out << loss.item<double>() << " ";
+    }
+    for (const auto& [name, value] : fsdp::full_state_dict(*net)) {
+      at::Tensor flat = value.reshape({-1});
+      for (int64_t i = 0; i < flat.numel(); ++i) out << flat[i].item<double>() << " ";
+    }
+    out << "\n";
+  }
+}
+
+TEST(Fsdp, ShardedModuleCalledTwiceInOneForward) {
+  for (int n : {1, 2, 3}) {
+    LaunchResult r = LaunchScenario("ac_twice", n, {}, std::chrono::seconds(120));
+    ASSERT_TRUE(r.ok()) << r.Describe();
+    for (int rank = 0; rank < n; ++rank) {
+      std::ifstream in(r.out_dir + "/rank" + std::to_string(rank) + ".txt");
+      std::string plain, ac;
+      ASSERT_TRUE(std::getline(in, plain) && std::getline(in, ac));
+      EXPECT_EQ(ac, plain) << "N=" << n << " rank " << rank;
+    }
+  }
+}
+
 // args: which. Errors that need a sharded module.
 FSDP2_SCENARIO(ac_errors) {
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
