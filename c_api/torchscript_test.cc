@@ -48,6 +48,8 @@ std::string WriteScript(bool dropout = false) {
   m.register_parameter("w1", (at::randn({7, kIn}) * 0.3).set_requires_grad(true), false);
   m.register_parameter("b1", at::zeros({7}).set_requires_grad(true), false);
   m.register_parameter("w2", (at::randn({kOut, 7}) * 0.3).set_requires_grad(true), false);
+  // As a Python module's: dropout follows it.
+  if (dropout) m.register_attribute("training", c10::BoolType::get(), true);
   m.define(dropout ? R"(
 def forward(self, x):
     h = torch.tanh(torch.matmul(x, self.w1.t()) + self.b1)
