@@ -75,6 +75,8 @@ struct Flags {
   std::string checkpoint_format = "sharded";
   int64_t ckpt_keep = 0;  // >0: save to ckpt-dir/step-N, keep the newest N
   int progress_bar = -1;
+  int activation_checkpointing = 0;  // 1: recompute blocks in backward
+  int ac_every = 1;                  // with it: every k-th block
 };
 
 const char* kUsage =
@@ -126,6 +128,11 @@ Flags ParseFlags(int argc, char** argv) {
         parser.String("checkpoint-format", f.checkpoint_format, "sharded|full");
     f.ckpt_keep = parser.Int("ckpt-keep", f.ckpt_keep,
                              "K > 0: save to ckpt-dir/step-N, keep the newest K");
+    f.activation_checkpointing = parser.Int(
+        "activation-checkpointing", f.activation_checkpointing,
+        "1: recompute each block's activations in backward instead of keeping them");
+    f.ac_every = parser.Int("ac-every", f.ac_every,
+                            "with --activation-checkpointing 1: every k-th block (1: all)");
     parser.Finish();
   } catch (const flags::FlagError& e) {
     Fail(e.what());
@@ -139,6 +146,14 @@ Flags ParseFlags(int argc, char** argv) {
   if (f.tensor_parallel > 1 && (!f.ckpt_dir.empty() || !f.resume.empty())) {
     Fail("--ckpt-dir and --resume need --tensor-parallel 1: checkpoints of "
          "tensor-parallel runs are not supported yet");
+  }
+  if (f.activation_checkpointing != 0 && f.activation_checkpointing != 1) {
+    Fail("--activation-checkpointing must be 0 or 1, got " +
+         std::to_string(f.activation_checkpointing));
+  }
+  if (f.ac_every < 1) Fail("--ac-every must be at least 1, got " + std::to_string(f.ac_every));
+  if (f.ac_every != 1 && f.activation_checkpointing == 0) {
+    Fail("--ac-every needs --activation-checkpointing 1");
   }
   if (f.steps < 1) Fail("--steps must be at least 1");
   if (f.batch_size < 1) Fail("--batch-size must be at least 1");
@@ -268,6 +283,11 @@ int RunRank(const Flags& f) {
   options.seed = f.seed;
   options.data_sampler.seed = f.seed;
   options.checkpoint_format = f.checkpoint_format;
+  if (f.activation_checkpointing == 1) {
+    options.activation_checkpointing = f.ac_every == 1
+                                           ? fsdp::ActivationCheckpointing::Full()
+                                           : fsdp::ActivationCheckpointing::Selective(f.ac_every);
+  }
   const char* backend = std::getenv("FSDP2_BACKEND");
   options.backend = backend ? backend : "gloo";
   strategy::FSDP2Strategy strategy(options);
@@ -359,6 +379,11 @@ int RunRank(const Flags& f) {
                 (long long)f.batch_size, f.grad_accum,
                 fsdp::ToString(options.sharding_strategy),
                 strategy.mesh()->ToString().c_str(), f.mixed_precision.c_str());
+    if (f.activation_checkpointing == 1) {
+      std::printf("activation checkpointing: %s, %zu of %lld blocks recomputed in backward\n",
+                  options.activation_checkpointing.ToString().c_str(),
+                  strategy.checkpointed_modules().size(), (long long)config.n_layer);
+    }
     std::fflush(stdout);
   }
   trainer.fit(train, &val);
