@@ -179,7 +179,7 @@ int RunRank(flags::Flags& flags) {
 void RunShardingTable(const models::GPTConfig& config, const std::vector<int64_t>& nprocs,
                       int steps, int64_t global_batch, int cores, const std::string& self);
 void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t rows,
-                           int steps, int cores, const std::string& self);
+                           int steps, int rounds, int cores, const std::string& self);
 
 int RunParent(flags::Flags& flags, const std::string& self) {
   const bool quick = flags.Int("quick", 0, "1: fewer steps") != 0;
@@ -192,13 +192,15 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   const int64_t ac_block = flags.Int("ac-block-size", 128, "activation checkpointing: tokens");
   const int ac_steps = flags.Int("ac-steps", quick ? 4 : 6, "activation checkpointing: steps");
   const bool ac_only = flags.Int("ac-only", 0, "1: only the activation checkpointing part") != 0;
+  const int ac_rounds = flags.Int("ac-rounds", 1, "activation checkpointing: rounds (time: median)");
   flags.Finish();
   const int cores = Cores();
   if (!ac_only) RunShardingTable(config, nprocs, steps, global_batch, cores, self);
   if (ac_nproc > 0) {
     models::GPTConfig ac_config = config;
     ac_config.block_size = ac_block;
-    RunCheckpointingTable(ac_config, ac_nproc, ac_rows, ac_steps, cores, self);
+    RunCheckpointingTable(ac_config, ac_nproc, ac_rows, ac_steps, std::max(1, ac_rounds),
+                          cores, self);
   }
   std::printf("\nload at the end: %s\n", LoadAverage().c_str());
   return 0;
@@ -258,40 +260,49 @@ void RunShardingTable(const models::GPTConfig& config, const std::vector<int64_t
   }
 }
 
-// FULL_SHARD on `nproc` ranks without and with every block checkpointed.
+// FULL_SHARD on `nproc` ranks without and with every block checkpointed,
+// alternating for `rounds` rounds (so that load changes hit both alike):
+// each round's peaks (they repeat exactly) and step time, then the median
+// step time of each and the ratios.
 void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t rows,
-                           int steps, int cores, const std::string& self) {
+                           int steps, int rounds, int cores, const std::string& self) {
   std::printf("\nactivation checkpointing: GPT n_layer %lld n_embd %lld, FULL_SHARD N=%d, "
-              "%lld rows x %lld tokens per rank, fp32 AdamW, %d steps (time: median of the "
-              "steps after the first two, slowest rank); load %s\n"
+              "%lld rows x %lld tokens per rank, fp32 AdamW, %d steps, %d round(s) (step "
+              "time: median of the steps after the first two, slowest rank); load %s\n"
               "%-18s %10s %8s %8s %8s %9s %10s\n",
               (long long)config.n_layer, (long long)config.n_embd, nproc, (long long)rows,
-              (long long)config.block_size, steps, LoadAverage().c_str(), "configuration",
-              "peak train", "fwd", "bwd", "step", "baseline", "step time");
+              (long long)config.block_size, steps, rounds, LoadAverage().c_str(),
+              "configuration", "peak train", "fwd", "bwd", "step", "baseline", "step time");
   std::fflush(stdout);
-  Results r[2];
-  for (int ac : {0, 1}) {
-    std::vector<std::string> args = {"--strategy", "full_shard", "--steps", std::to_string(steps),
-                                     "--global-batch", std::to_string(rows * nproc),
-                                     "--ac", std::to_string(ac)};
-    for (const auto& a : GPTConfigArgs(config)) args.push_back(a);
-    r[ac] = RunConfiguration(self, nproc, std::max(1, cores / nproc), args);
-    std::printf("%-18s %10.1f %8.1f %8.1f %8.1f %9.1f %8.3f s\n",
-                ac ? "AC full" : "no AC", Value(r[ac], "peak_train") / kMiB,
-                Value(r[ac], "peak_forward") / kMiB, Value(r[ac], "peak_backward") / kMiB,
-                Value(r[ac], "peak_step") / kMiB, Value(r[ac], "baseline") / kMiB,
-                Value(r[ac], "step_s"));
-    std::fflush(stdout);
+  Results first[2];
+  std::vector<double> times[2];
+  for (int round = 0; round < rounds; ++round) {
+    for (int ac : {0, 1}) {
+      std::vector<std::string> args = {"--strategy", "full_shard", "--steps",
+                                       std::to_string(steps), "--global-batch",
+                                       std::to_string(rows * nproc), "--ac", std::to_string(ac)};
+      for (const auto& a : GPTConfigArgs(config)) args.push_back(a);
+      Results r = RunConfiguration(self, nproc, std::max(1, cores / nproc), args);
+      if (round == 0) first[ac] = r;
+      times[ac].push_back(Value(r, "step_s"));
+      std::printf("%-18s %10.1f %8.1f %8.1f %8.1f %9.1f %8.3f s\n",
+                  ac ? "AC full" : "no AC", Value(r, "peak_train") / kMiB,
+                  Value(r, "peak_forward") / kMiB, Value(r, "peak_backward") / kMiB,
+                  Value(r, "peak_step") / kMiB, Value(r, "baseline") / kMiB,
+                  Value(r, "step_s"));
+      std::fflush(stdout);
+    }
   }
   auto ratio = [&](const char* key, bool minus_baseline) {
-    const double a = Value(r[1], key) - (minus_baseline ? Value(r[1], "baseline") : 0);
-    const double b = Value(r[0], key) - (minus_baseline ? Value(r[0], "baseline") : 0);
+    const double a = Value(first[1], key) - (minus_baseline ? Value(first[1], "baseline") : 0);
+    const double b = Value(first[0], key) - (minus_baseline ? Value(first[0], "baseline") : 0);
     return a / b;
   };
-  std::printf("  with / without: peak train %.3f (above baseline %.3f), backward peak %.3f, "
-              "step time %.3f\n",
+  std::printf("  with / without: peak train %.3f (above baseline %.3f), backward peak %.3f; "
+              "median step time %.3f s / %.3f s = %.3f\n",
               ratio("peak_train", false), ratio("peak_train", true),
-              ratio("peak_backward", false), ratio("step_s", false));
+              ratio("peak_backward", false), Median(times[1]), Median(times[0]),
+              Median(times[1]) / Median(times[0]));
 }
 
 }  // namespace
