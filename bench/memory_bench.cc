@@ -21,7 +21,8 @@
 // same model, FULL_SHARD on --ac-nproc ranks (default 2) with
 // --ac-rows-per-rank sequences (4) of --ac-block-size tokens (128), without
 // and with every block checkpointed, side by side: the peaks (train and
-// per phase), the median step time, and with / without for both.
+// per phase), the median step time (wall, and the training thread's CPU
+// time, which a loaded machine disturbs less), and with / without for each.
 //
 //   bazel run //bench:memory -- --quick 1
 //   bazel run //bench:memory
@@ -33,6 +34,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <functional>
 #include <cstdlib>
@@ -72,9 +74,16 @@ models::GPTConfig Config(flags::Flags& flags) {
   return ReadGPTConfig(flags, gpt2_small);
 }
 
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 const char* kKeys[] = {"baseline", "peak_train", "peak_process", "sharded_params",
                        "sharded_grads", "optimizer_state", "peak_unsharded",
-                       "peak_forward", "peak_backward", "peak_step", "step_s"};
+                       "peak_forward", "peak_backward", "peak_step", "step_s",
+                       "step_cpu_s"};
 
 int RunRank(flags::Flags& flags) {
   const models::GPTConfig config = Config(flags);
@@ -119,18 +128,25 @@ int RunRank(flags::Flags& flags) {
   // Peak RSS of each phase of a step (the high-water mark is reset at each
   // phase's start), the largest over the steps: where the peak comes from.
   int64_t phase_peak[3] = {0, 0, 0};  // forward, backward, clip + step
-  std::vector<double> step_s;  // the steps after the first
-  double this_step_s = 0;
+  // Wall time, and CPU time of this (the training) thread, which a loaded
+  // machine disturbs far less: the steps after the first two.
+  std::vector<double> step_s, step_cpu_s;
+  double this_step_s = 0, this_step_cpu_s = 0;
   auto phase = [&](int k, const std::function<void()>& fn) {
     ResetPeakResidentBytes();
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ThreadCpuSeconds();
     fn();
     this_step_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    this_step_cpu_s += ThreadCpuSeconds() - cpu_start;
     phase_peak[k] = std::max(phase_peak[k], PeakResidentBytes());
   };
   for (int step = 0; step < steps; ++step) {
-    if (step > 2) step_s.push_back(this_step_s);  // step - 1 >= 2
-    this_step_s = 0;
+    if (step > 2) {  // step - 1 >= 2
+      step_s.push_back(this_step_s);
+      step_cpu_s.push_back(this_step_cpu_s);
+    }
+    this_step_s = this_step_cpu_s = 0;
     at::Tensor loss;
     phase(0, [&] {
       optimizer->zero_grad();
@@ -145,7 +161,10 @@ int RunRank(flags::Flags& flags) {
       optimizer->step();
     });
   }
-  if (steps > 2) step_s.push_back(this_step_s);
+  if (steps > 2) {
+    step_s.push_back(this_step_s);
+    step_cpu_s.push_back(this_step_cpu_s);
+  }
 
   const auto stats = fsdp::memory_stats(*model);
   int64_t optimizer_bytes = 0;
@@ -162,11 +181,13 @@ int RunRank(flags::Flags& flags) {
       double(stats.sharded_param_bytes), double(stats.sharded_grad_bytes),
       double(optimizer_bytes), double(fsdp::peak_unsharded_param_bytes()),
       double(phase_peak[0]), double(phase_peak[1]), double(phase_peak[2])};
-  // Per step, the slowest rank's time.
-  at::Tensor times = at::tensor(step_s.empty() ? std::vector<double>{0} : step_s, at::kDouble);
-  world->group()->all_reduce(times, comm::ReduceOp::kMax).wait();
-  values.push_back(Median(std::vector<double>(times.data_ptr<double>(),
-                                              times.data_ptr<double>() + times.numel())));
+  // Per step, the slowest rank's times; their medians.
+  for (const auto* v : {&step_s, &step_cpu_s}) {
+    at::Tensor times = at::tensor(v->empty() ? std::vector<double>{0} : *v, at::kDouble);
+    world->group()->all_reduce(times, comm::ReduceOp::kMax).wait();
+    values.push_back(Median(std::vector<double>(times.data_ptr<double>(),
+                                                times.data_ptr<double>() + times.numel())));
+  }
   at::Tensor t = at::tensor(values, at::kDouble);
   world->group()->all_reduce(t, comm::ReduceOp::kMax).wait();
   if (rank == 0) {
@@ -269,13 +290,14 @@ void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t r
   std::printf("\nactivation checkpointing: GPT n_layer %lld n_embd %lld, FULL_SHARD N=%d, "
               "%lld rows x %lld tokens per rank, fp32 AdamW, %d steps, %d round(s) (step "
               "time: median of the steps after the first two, slowest rank); load %s\n"
-              "%-18s %10s %8s %8s %8s %9s %10s\n",
+              "%-18s %10s %8s %8s %8s %9s %10s %10s\n",
               (long long)config.n_layer, (long long)config.n_embd, nproc, (long long)rows,
               (long long)config.block_size, steps, rounds, LoadAverage().c_str(),
-              "configuration", "peak train", "fwd", "bwd", "step", "baseline", "step time");
+              "configuration", "peak train", "fwd", "bwd", "step", "baseline", "step time",
+              "cpu time");
   std::fflush(stdout);
   Results first[2];
-  std::vector<double> times[2];
+  std::vector<double> times[2], cpu[2];
   for (int round = 0; round < rounds; ++round) {
     for (int ac : {0, 1}) {
       std::vector<std::string> args = {"--strategy", "full_shard", "--steps",
@@ -285,11 +307,12 @@ void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t r
       Results r = RunConfiguration(self, nproc, std::max(1, cores / nproc), args);
       if (round == 0) first[ac] = r;
       times[ac].push_back(Value(r, "step_s"));
-      std::printf("%-18s %10.1f %8.1f %8.1f %8.1f %9.1f %8.3f s\n",
+      cpu[ac].push_back(Value(r, "step_cpu_s"));
+      std::printf("%-18s %10.1f %8.1f %8.1f %8.1f %9.1f %8.3f s %8.3f s\n",
                   ac ? "AC full" : "no AC", Value(r, "peak_train") / kMiB,
                   Value(r, "peak_forward") / kMiB, Value(r, "peak_backward") / kMiB,
                   Value(r, "peak_step") / kMiB, Value(r, "baseline") / kMiB,
-                  Value(r, "step_s"));
+                  Value(r, "step_s"), Value(r, "step_cpu_s"));
       std::fflush(stdout);
     }
   }
@@ -299,10 +322,12 @@ void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t r
     return a / b;
   };
   std::printf("  with / without: peak train %.3f (above baseline %.3f), backward peak %.3f; "
-              "median step time %.3f s / %.3f s = %.3f\n",
+              "median step time %.3f s / %.3f s = %.3f; training thread's CPU time %.3f s / "
+              "%.3f s = %.3f\n",
               ratio("peak_train", false), ratio("peak_train", true),
               ratio("peak_backward", false), Median(times[1]), Median(times[0]),
-              Median(times[1]) / Median(times[0]));
+              Median(times[1]) / Median(times[0]), Median(cpu[1]), Median(cpu[0]),
+              Median(cpu[1]) / Median(cpu[0]));
 }
 
 }  // namespace
