@@ -51,6 +51,8 @@ struct Flags {
   int nproc = 2;
   int tensor_parallel = 1;  // ranks per tensor-parallel group
   std::string strategy = "full_shard";
+  int shard_group_size = 0;
+  int timeout_s = 300;  // FSDP2_TIMEOUT_S, when set, is the default
   int steps = 30;
   uint64_t seed = 1337;
   int64_t batch_size = 8;  // per rank
@@ -98,6 +100,13 @@ Flags ParseFlags(int argc, char** argv) {
         parser.Int("tensor-parallel", f.tensor_parallel, "ranks per tensor-parallel group");
     f.strategy = parser.String("strategy", f.strategy,
                                "full_shard|shard_grad_op|no_shard|hybrid_shard");
+    f.shard_group_size = parser.Int(
+        "shard-group-size", f.shard_group_size,
+        "hybrid_shard: ranks per shard group (0: the ranks of one host)");
+    if (const char* t = std::getenv("FSDP2_TIMEOUT_S")) f.timeout_s = std::atoi(t);
+    f.timeout_s = parser.Int("timeout", f.timeout_s,
+                             "seconds a rendezvous or collective may take (default: "
+                             "FSDP2_TIMEOUT_S or 300)");
     f.steps = parser.Int("steps", f.steps, "optimizer steps");
     f.seed = parser.Int("seed", f.seed, "seed of the model, the data and the sampler");
     f.batch_size =
@@ -139,10 +148,7 @@ Flags ParseFlags(int argc, char** argv) {
   }
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
-  if (f.tensor_parallel < 1 || f.nproc % f.tensor_parallel != 0) {
-    Fail("--tensor-parallel must divide --nproc (" + std::to_string(f.nproc) + "), got " +
-         std::to_string(f.tensor_parallel));
-  }
+  if (f.tensor_parallel < 1) Fail("--tensor-parallel must be at least 1");
   if (f.tensor_parallel > 1 && (!f.ckpt_dir.empty() || !f.resume.empty())) {
     Fail("--ckpt-dir and --resume need --tensor-parallel 1: checkpoints of "
          "tensor-parallel runs are not supported yet");
@@ -182,9 +188,8 @@ Flags ParseFlags(int argc, char** argv) {
     Fail("--ckpt-every and --ckpt-keep need --ckpt-dir");
   }
   if (f.ckpt_keep < 0) Fail("--ckpt-keep must be positive");
-  if (f.strategy == "hybrid_shard" && (f.nproc < 2 || f.nproc % 2 != 0)) {
-    Fail("--strategy hybrid_shard needs an even --nproc (a 2 x nproc/2 mesh)");
-  }
+  if (f.shard_group_size < 0) Fail("--shard-group-size must be 0 (a host) or positive");
+  if (f.timeout_s < 1) Fail("--timeout must be at least 1 second");
   return f;
 }
 
@@ -290,11 +295,9 @@ int RunRank(const Flags& f) {
   }
   const char* backend = std::getenv("FSDP2_BACKEND");
   options.backend = backend ? backend : "gloo";
+  options.shard_group_size = f.shard_group_size;
+  options.timeout = std::chrono::seconds(f.timeout_s);
   strategy::FSDP2Strategy strategy(options);
-  if (options.sharding_strategy == fsdp::ShardingStrategy::kHybridShard) {
-    // Two replicas, each sharded over half of the ranks.
-    setenv("LOCAL_WORLD_SIZE", std::to_string(std::max(1, f.nproc / 2)).c_str(), 1);
-  }
   strategy.setup_environment();
   const int rank = strategy.world()->rank();
 
@@ -378,7 +381,9 @@ int RunRank(const Flags& f) {
                 strategy.data_parallel_size(),
                 (long long)f.batch_size, f.grad_accum,
                 fsdp::ToString(options.sharding_strategy),
-                strategy.mesh()->ToString().c_str(), f.mixed_precision.c_str());
+                strategy.fsdp_mesh()->ToString().c_str(), f.mixed_precision.c_str());
+    std::printf("hosts: %d; gloo: %s\n", strategy.world()->num_hosts(),
+                strategy.world()->network().c_str());
     if (f.activation_checkpointing == 1) {
       std::printf("activation checkpointing: %s, %zu of %lld blocks recomputed in backward\n",
                   options.activation_checkpointing.ToString().c_str(),
@@ -388,12 +393,19 @@ int RunRank(const Flags& f) {
   }
   trainer.fit(train, &val);
   auto stats = fsdp::memory_stats(*module->module());
+  std::string sent;  // e.g. "shm 1.20 MiB, gloo 0.31 MiB"
+  for (const auto& [transport, bytes] : comm::BytesSentByTransport()) {
+    char part[64];
+    std::snprintf(part, sizeof(part), "%s%s %.2f MiB", sent.empty() ? "" : ", ",
+                  transport.c_str(), bytes / 1048576.0);
+    sent += part;
+  }
   std::printf("rank %d: sharded params %.2f MiB of %.2f MiB, peak unsharded params %.2f MiB, "
-              "allocator %s\n",
+              "allocator %s, sent %s\n",
               rank, stats.sharded_param_bytes / 1048576.0,
               stats.total_param_numel * 4 / 1048576.0,
               fsdp::peak_unsharded_param_bytes() / 1048576.0,
-              launch::ActiveAllocator().c_str());
+              launch::ActiveAllocator().c_str(), sent.empty() ? "nothing" : sent.c_str());
   if (rank == 0) {
     std::printf("metrics: %s, %s; loss curve: %s\n", trainer_options.metrics_jsonl.c_str(),
                 trainer_options.metrics_csv.c_str(), trainer_options.loss_curve_svg.c_str());
@@ -405,6 +417,19 @@ int RunRank(const Flags& f) {
 
 }  // namespace
 
+// The sizes that --nproc must fit when this process launches the ranks
+// (under an outside launcher the world size decides, in FSDP2Strategy).
+void CheckLocalSizes(const Flags& f) {
+  if (f.tensor_parallel < 1 || f.nproc % f.tensor_parallel != 0) {
+    Fail("--tensor-parallel must divide --nproc (" + std::to_string(f.nproc) + "), got " +
+         std::to_string(f.tensor_parallel));
+  }
+  if (f.shard_group_size > 0 && (f.nproc / f.tensor_parallel) % f.shard_group_size != 0) {
+    Fail("--shard-group-size must divide the " + std::to_string(f.nproc / f.tensor_parallel) +
+         " data-parallel ranks, got " + std::to_string(f.shard_group_size));
+  }
+}
+
 int main(int argc, char** argv) {
   Flags flags = ParseFlags(argc, argv);
   try {
@@ -412,6 +437,7 @@ int main(int argc, char** argv) {
     // Otherwise launch --nproc local ranks.
     if (strategy::ClusterEnvironment::Detect().kind == strategy::ClusterKind::kLocal) {
       // The launcher starts every rank with the allocator (allocator.h).
+      CheckLocalSizes(flags);
       launch::LocalLaunchOptions options;
       options.nproc = flags.nproc;
       options.threads_per_rank = flags.threads;

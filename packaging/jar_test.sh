@@ -5,6 +5,9 @@
 # libfsdp2 with another ABI is refused with a clear error.
 set -uo pipefail
 version="$1"; jar="$PWD/$2"; train_java="$PWD/$3"; abi_mismatch_c="$PWD/$4"
+# The ABI these bindings were built for, as the header says.
+abi=$(awk '/#define FSDP2_ABI_VERSION_MAJOR/ {a = $3} /#define FSDP2_ABI_VERSION_MINOR/ {b = $3}
+           END {print a "." b}' "$5")
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/jar_test.XXXXXX")
 fail() { echo "FAIL: $*"; exit 1; }
 [[ $(basename "$jar") == "fsdp2-$version.jar" ]] || fail "jar named $(basename "$jar")"
@@ -37,6 +40,7 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "loss did not f
 gcc -shared -fPIC -o "$tmp/libabi_mismatch.so" "$abi_mismatch_c" || fail "gcc"
 err=$(LD_PRELOAD="$tmp/libabi_mismatch.so" TMPDIR="$tmp" timeout 120 java -cp fsdp2.jar:app.jar Train --nproc 1 --steps 1 2>&1) \
   && fail "ABI 2.0 was accepted"
-grep -q "UnsatisfiedLinkError: fsdp2 $version: the loaded libfsdp2 has ABI 2.0, but these classes were built for ABI 1.0" <<<"$err" \
+[[ $abi =~ ^[0-9]+\.[0-9]+$ ]] || fail "no ABI version in fsdp2.h (got '$abi')"
+grep -q "UnsatisfiedLinkError: fsdp2 $version: the loaded libfsdp2 has ABI 2.0, but these classes were built for ABI $abi" <<<"$err" \
   || { echo "$err"; fail "unclear ABI error"; }
 echo PASS

@@ -6,6 +6,9 @@
 # refused at import with a clear error.
 set -uo pipefail
 version="$1"; wheel="$PWD/$2"; train_py="$PWD/$3"; abi_mismatch_c="$PWD/$4"
+# The ABI these bindings were built for, as the header says.
+abi=$(awk '/#define FSDP2_ABI_VERSION_MAJOR/ {a = $3} /#define FSDP2_ABI_VERSION_MINOR/ {b = $3}
+           END {print a "." b}' "$5")
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/wheel_test.XXXXXX")
 fail() { echo "FAIL: $*"; exit 1; }
 [[ $(basename "$wheel") == "fsdp2-$version-cp311-cp311-linux_x86_64.whl" ]] || fail "wheel named $(basename "$wheel")"
@@ -63,6 +66,7 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "loss did not f
 # Another ABI: a clear ImportError, no crash.
 gcc -shared -fPIC -o "$tmp/libabi_mismatch.so" "$abi_mismatch_c" || fail "gcc"
 err=$(LD_PRELOAD="$tmp/libabi_mismatch.so" "$py" -c "import fsdp2" 2>&1) && fail "ABI 2.0 was accepted"
-grep -q "ImportError: fsdp2 $version: the loaded libfsdp2 has ABI 2.0, but these bindings .* were built for ABI 1.0" <<<"$err" \
+[[ $abi =~ ^[0-9]+\.[0-9]+$ ]] || fail "no ABI version in fsdp2.h (got '$abi')"
+grep -q "ImportError: fsdp2 $version: the loaded libfsdp2 has ABI 2.0, but these bindings .* were built for ABI $abi" <<<"$err" \
   || { echo "$err"; fail "unclear ABI error"; }
 echo PASS

@@ -15,8 +15,11 @@ PACKAGES=(
   libopenblas0-openmp
   # Bindings and their tests.
   swig python3-dev python3-numpy python3-pytest default-jdk-headless junit5
-  # Tools the scripts use.
-  python3 procps
+  # Tools the scripts use; iproute2 (ip netns, veth) makes the hosts of
+  # //tests:multihost_test.
+  python3 procps iproute2
+  # Outside launchers //tests:launchers_test runs the main job under.
+  openmpi-bin slurm-wlm munge
   # Packaging tests (//packaging): a fresh virtual environment for the
   # wheel, and the C/C++ install built with pkg-config and CMake.
   python3-venv pkg-config cmake

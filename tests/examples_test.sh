@@ -36,6 +36,18 @@ if [[ "$ltp" != "$l1" ]] || ! grep -q 'DeviceMesh(dp=1, tp=2)' <<<"$tp"; then
   echo "FAIL: --nproc 2 --tensor-parallel 2 differs from --nproc 1:"; paste <(echo "$l1") <(echo "$ltp"); fail=1
 fi
 
+# HYBRID_SHARD on one host: by default the host's 4 ranks are one shard
+# group (each holds a quarter); --shard-group-size 2 makes two replicas of
+# 2. Both equal one process.
+for g in 0 2; do
+  hy=$(run --nproc 4 --batch-size 2 "${common[@]}" --strategy hybrid_shard --shard-group-size $g --out-dir "$tmp/ohy$g") || { echo "hybrid_shard run failed"; echo "$hy"; exit 1; }
+  want=$([[ $g == 0 ]] && echo "replicate=1, shard=4" || echo "replicate=2, shard=2")
+  if [[ "$(echo "$hy" | losses)" != "$l1" ]] || ! grep -q "DeviceMesh($want)" <<<"$hy"; then
+    echo "FAIL: --strategy hybrid_shard --shard-group-size $g on 4 ranks: want DeviceMesh($want) and the losses of --nproc 1:"
+    echo "$hy"; fail=1
+  fi
+done
+
 # Resume: 2 ranks train 2 steps and save; 1 rank resumes to step 4; the
 # losses of steps 3 and 4 equal the uninterrupted run's.
 first=$(run --nproc 2 --batch-size 4 "${common[@]}" --steps 2 --ckpt-dir "$tmp/ckpt" --out-dir "$tmp/o3") || { echo "$first"; exit 1; }
@@ -106,7 +118,7 @@ expect_error "unknown flag --bogus" --bogus 1
 expect_error "no such file" --data /nonexistent/corpus.txt
 expect_error "is a directory" --data "$tmp"
 expect_error "unknown sharding strategy" --strategy zero3
-expect_error "needs an even --nproc" --nproc 3 --strategy hybrid_shard
+expect_error "--shard-group-size must divide the 3 data-parallel ranks" --nproc 3 --strategy hybrid_shard --shard-group-size 2
 expect_error "no such checkpoint" --resume "$tmp/no_such_ckpt"
 expect_error "must be sharded or full" --checkpoint-format zip
 expect_error "--tensor-parallel must divide --nproc" --nproc 2 --tensor-parallel 3

@@ -159,6 +159,7 @@ TEST(GlooTransport, CollectivesMatchTheirDefinition) {
 class RefusingTransport final : public Transport {
  public:
   RefusingTransport(int rank, int world) : Transport(rank, world) {}
+  const char* kind() const override { return "refusing"; }
   void all_gather_into_flat(const at::Tensor&, const at::Tensor&) override {
     Refuse("all_gather_into_flat");
   }

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -27,6 +29,19 @@ void CheckContiguous(const at::Tensor& t, const char* what, const char* op) {
                 " must be a defined, contiguous tensor");
 }
 
+// Bytes sent by every group of this process, by the kind of transport.
+std::mutex sent_mu;
+std::map<std::string, int64_t>& SentByTransport() {
+  static std::map<std::string, int64_t> sent;
+  return sent;
+}
+
+void CountSent(ProcessGroup::Impl& impl, Lane lane, int64_t bytes) {
+  impl.bytes_sent += bytes;
+  std::lock_guard<std::mutex> lock(sent_mu);
+  SentByTransport()[impl.transports[static_cast<int>(lane)]->kind()] += bytes;
+}
+
 // Runs `body` (a call of the lane's transport) as collective `op` on
 // `lane`, rethrowing any failure with the rank, collective and group in the
 // message: an fsdp2::Error keeps its code (a timeout stays a timeout), any
@@ -42,16 +57,21 @@ CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
       << "'): " << op << " failed: ";
     return s.str();
   }();
+  const internal::PeerCheck* peers = &impl.peer_check;
   return impl.lanes[static_cast<int>(lane)]->submit(
-      [transport, body = std::move(body), where = std::move(where)] {
+      [transport, peers, body = std::move(body), where = std::move(where)] {
+        // What the store says of the group's peers, after the failure.
+        auto lost = [peers] {
+          return peers->store ? "; " + peers->Describe() : std::string();
+        };
         try {
           body(*transport);
         } catch (const Error& e) {
-          ThrowError(e.code(), where + e.what());
+          ThrowError(e.code(), where + e.what() + lost());
         } catch (const c10::Error& e) {
-          throw CommunicationError(where + e.what_without_backtrace());
+          throw CommunicationError(where + e.what_without_backtrace() + lost());
         } catch (const std::exception& e) {
-          throw CommunicationError(where + e.what());
+          throw CommunicationError(where + e.what() + lost());
         }
       });
 }
@@ -80,6 +100,11 @@ std::chrono::milliseconds ProcessGroup::timeout() const {
 }
 int64_t ProcessGroup::bytes_sent() const { return impl_->bytes_sent.load(); }
 
+std::map<std::string, int64_t> BytesSentByTransport() {
+  std::lock_guard<std::mutex> lock(sent_mu);
+  return SentByTransport();
+}
+
 CommHandle ProcessGroup::submit(Lane lane, std::function<void()> fn) {
   return impl_->lanes[static_cast<int>(lane)]->submit(std::move(fn));
 }
@@ -94,7 +119,7 @@ CommHandle ProcessGroup::all_gather_into_flat(at::Tensor output,
               " elements, expected ", world, " x ", input.numel());
   CheckArgument(output.scalar_type() == input.scalar_type(),
               "all_gather_into_flat: dtypes differ");
-  impl_->bytes_sent += input.nbytes() * (world - 1);
+  CountSent(*impl_, lane, input.nbytes() * (world - 1));
   return RunCollective(*impl_, lane, "all_gather",
                        [output, input](internal::Transport& transport) {
                          transport.all_gather_into_flat(output, input);
@@ -114,7 +139,7 @@ CommHandle ProcessGroup::all_gather_pieces(at::Tensor buffer,
                 ") does not fit a buffer of ", buffer.numel(), " elements");
     per_rank += p.numel;
   }
-  impl_->bytes_sent += per_rank * buffer.element_size() * (world - 1);
+  CountSent(*impl_, lane, per_rank * buffer.element_size() * (world - 1));
   return RunCollective(
       *impl_, lane, "all_gather",
       [buffer, pieces = std::move(pieces)](internal::Transport& transport) {
@@ -134,8 +159,7 @@ CommHandle ProcessGroup::reduce_scatter_flat(at::Tensor output,
   CheckArgument(output.scalar_type() == input.scalar_type(),
               "reduce_scatter_flat: dtypes differ");
   const bool use_all_reduce = algorithm == ReduceScatterAlgorithm::kAllReduce;
-  impl_->bytes_sent +=
-      output.nbytes() * (world - 1) * (use_all_reduce ? 2 : 1);
+  CountSent(*impl_, lane, output.nbytes() * (world - 1) * (use_all_reduce ? 2 : 1));
   return RunCollective(
       *impl_, lane, "reduce_scatter",
       [output, input, algorithm](internal::Transport& transport) {
@@ -146,8 +170,7 @@ CommHandle ProcessGroup::reduce_scatter_flat(at::Tensor output,
 CommHandle ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op,
                                     Lane lane) {
   CheckContiguous(tensor, "tensor", "all_reduce");
-  impl_->bytes_sent +=
-      2 * tensor.nbytes() * (size() - 1) / std::max(1, size());
+  CountSent(*impl_, lane, 2 * tensor.nbytes() * (size() - 1) / std::max(1, size()));
   return RunCollective(*impl_, lane, "all_reduce",
                        [tensor, op](internal::Transport& transport) {
                          transport.all_reduce(tensor, op);
@@ -158,7 +181,7 @@ CommHandle ProcessGroup::broadcast(at::Tensor tensor, int root, Lane lane) {
   CheckContiguous(tensor, "tensor", "broadcast");
   CheckArgument(root >= 0 && root < size(), "broadcast: root ", root,
               " is not a rank of a group of size ", size());
-  if (impl_->rank == root) impl_->bytes_sent += tensor.nbytes() * (size() - 1);
+  if (impl_->rank == root) CountSent(*impl_, lane, tensor.nbytes() * (size() - 1));
   return RunCollective(*impl_, lane, "broadcast",
                        [tensor, root](internal::Transport& transport) {
                          transport.broadcast(tensor, root);

@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,6 +101,11 @@ class ProcessGroup {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// Bytes this process has sent through all its groups' collectives (counted
+// as bytes_sent() counts them), by the transport each group's lane chose:
+// "shm" (shared memory within a host), "gloo" (TCP), "nccl", "single".
+std::map<std::string, int64_t> BytesSentByTransport();
 
 }  // namespace comm
 }  // namespace fsdp2

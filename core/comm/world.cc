@@ -2,11 +2,14 @@
 #include "core/common/error.h"
 
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "core/comm/internal/c10d_compat.h"
 #include "core/comm/internal/connect_transport.h"
+#include "core/comm/internal/host.h"
 #include "core/comm/internal/process_group_impl.h"
 
 namespace fsdp2 {
@@ -38,6 +41,49 @@ bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
 
+// Every rank publishes its host and waits for all the others'; a rank
+// that does not arrive within the timeout is named. Rank 0 serves the store
+// and waits 2 s longer, so that the others can still ask it who is missing.
+std::vector<std::string> ExchangeHosts(::c10d::Store& store, int rank, int world,
+                                       std::chrono::milliseconds timeout) {
+  auto key = [](int k) { return "fsdp2/host/" + std::to_string(k); };
+  store.set(key(rank), Bytes(internal::HostIdentity()));
+  std::vector<std::string> keys;
+  for (int k = 0; k < world; ++k) keys.push_back(key(k));
+  const auto deadline = std::chrono::steady_clock::now() + timeout +
+                        (rank == 0 ? std::chrono::seconds(2) : std::chrono::seconds(0));
+  try {
+    while (!store.check(keys)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::ostringstream missing;
+        int n = 0;
+        for (int k = 0; k < world; ++k) {
+          if (!store.check({keys[k]})) missing << (n++ ? ", " : "") << k;
+        }
+        throw TimeoutError(
+            "rank" + std::string(n > 1 ? "s " : " ") + missing.str() + " of " +
+            std::to_string(world) + " did not arrive within " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
+            " s (not started, or started with another MASTER_ADDR, MASTER_PORT or WORLD_SIZE)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (rank == 0) throw;
+    throw CommunicationError(
+        std::string(e.what()) + " (the store's server, rank 0, went away while "
+        "the ranks were meeting: it gave up waiting or exited; see its error)");
+  }
+  std::vector<std::string> hosts;
+  for (const auto& k : keys) {
+    auto v = store.get(k);
+    hosts.emplace_back(v.begin(), v.end());
+  }
+  return hosts;
+}
+
 }  // namespace
 
 RendezvousOptions RendezvousOptions::FromEnv() {
@@ -56,6 +102,10 @@ struct World::Impl {
   RendezvousOptions options;
   c10::intrusive_ptr<::c10d::Store> store;
   std::shared_ptr<::gloo::transport::Device> gloo_device;
+  std::vector<std::string> hosts;
+  int num_hosts = 1;
+  std::string network;
+  std::shared_ptr<internal::LostReport> lost_report;
   int groups_created = 0;
 };
 
@@ -66,6 +116,12 @@ int World::rank() const { return impl_->options.rank; }
 int World::size() const { return impl_->options.world_size; }
 const RendezvousOptions& World::options() const { return impl_->options; }
 const std::shared_ptr<ProcessGroup>& World::group() const { return group_; }
+const std::vector<std::string>& World::hosts() const { return impl_->hosts; }
+int World::num_hosts() const { return impl_->num_hosts; }
+std::string World::host_name(int rank) const {
+  return internal::HostName(impl_->hosts.at(rank));
+}
+const std::string& World::network() const { return impl_->network; }
 
 void World::store_set(const std::string& key, const std::string& value) {
   impl_->store->set("fsdp2/user/" + key, Bytes(value));
@@ -127,19 +183,60 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
           << world_size << " but rank 0 with WORLD_SIZE=" << rank0_world;
       throw CommunicationError(msg.str());
     }
+    // Which host every rank runs on.
+    impl->hosts = ExchangeHosts(*impl->store, rank, world_size, options.timeout);
+    std::map<std::string, int> per_host;
+    for (const auto& h : impl->hosts) ++per_host[h];
+    impl->num_hosts = static_cast<int>(per_host.size());
+    if (world_size > 1) {
+      // Over TCP its own connection: a TCPStore client is not safe for
+      // concurrent use.
+      c10::intrusive_ptr<::c10d::Store> watch_store = impl->store;  // FileStore locks each op
+      if (options.store_path.empty()) {
+        ::c10d::TCPStoreOptions tcp;
+        tcp.port = static_cast<uint16_t>(options.master_port);
+        tcp.isServer = false;
+        tcp.waitWorkers = false;
+        tcp.timeout = options.timeout;
+        watch_store = c10::make_intrusive<::c10d::TCPStore>(options.master_addr, tcp);
+      }
+      impl->lost_report = std::make_shared<internal::LostReport>(
+          watch_store, rank, std::chrono::seconds(1));
+    }
     if (options.backend == "gloo") {
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       if (ifname != nullptr && *ifname != '\0') {
         impl->gloo_device =
             ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+        impl->network = std::string("GLOO_SOCKET_IFNAME=") + ifname;
       } else if (options.store_path.empty() &&
                  !IsLoopback(options.master_addr)) {
-        impl->gloo_device = ::c10d::ProcessGroupGloo::createDefaultDevice();
+        // Rank 0's host is reachable at MASTER_ADDR (its store listens
+        // there), so the interface that routes to it reaches the job.
+        const internal::Route route = internal::RouteTo(options.master_addr);
+        impl->gloo_device =
+            ::c10d::ProcessGroupGloo::createDeviceForHostname(route.local_address);
+        impl->network = "route to MASTER_ADDR via " +
+                        (route.interface.empty() ? std::string("?") : route.interface) +
+                        " (" + route.local_address + ")";
+      } else if (impl->num_hosts > 1) {
+        throw CommunicationError(
+            "the job's " + std::to_string(world_size) + " ranks run on " +
+            std::to_string(impl->num_hosts) + " hosts, but " +
+            (options.store_path.empty()
+                 ? "MASTER_ADDR=" + options.master_addr + " is a loopback address"
+                 : "the rendezvous is a file store") +
+            ", which says nothing about the network between them; set "
+            "GLOO_SOCKET_IFNAME to the interface the hosts reach each other "
+            "through (see `ip addr`), or MASTER_ADDR to rank 0's address on it");
       } else {
         impl->gloo_device =
             ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+        impl->network = "loopback";
       }
     }
+  } catch (const Error& e) {
+    ThrowError(e.code(), where + "rendezvous failed: " + e.what());
   } catch (const c10::Error& e) {
     throw CommunicationError(where + "rendezvous failed: " +
                              e.what_without_backtrace());
@@ -177,6 +274,13 @@ std::shared_ptr<ProcessGroup> World::new_groups(
     impl->world_rank = me;
     impl->backend = impl_->options.backend;
     impl->timeout = impl_->options.timeout;
+    if (ranks.size() > 1) {
+      impl->peer_check.store = impl_->store;
+      impl->peer_check.world_rank = me;
+      impl->peer_check.group_ranks = ranks;
+      impl->peer_check.hosts = impl_->hosts;
+      impl->peer_check.report = impl_->lost_report;
+    }
     try {
       for (int lane = 0; lane < kNumLanes; ++lane) {
         std::ostringstream prefix;

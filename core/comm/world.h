@@ -6,7 +6,16 @@
 // Rendezvous goes through a key-value store: a TCPStore served by rank 0 at
 // MASTER_ADDR:MASTER_PORT, or a FileStore at a shared path. Every rank checks
 // that all ranks agree on the world size; a rank that never arrives makes the
-// others fail with a timeout error instead of hanging.
+// others fail with a timeout error instead of hanging. At rendezvous the
+// ranks also tell each other which host they run on (host name and boot id),
+// so grouping by host does not depend on what a launcher exports.
+//
+// Gloo's network interface: GLOO_SOCKET_IFNAME when set; otherwise, when
+// MASTER_ADDR is not a loopback address, the interface whose route reaches
+// MASTER_ADDR (as NCCL picks its socket interface); loopback when the whole
+// job runs on one host. A job on several hosts whose rendezvous gives no way
+// to find the interface (a loopback MASTER_ADDR, a FileStore) is an error
+// that names GLOO_SOCKET_IFNAME.
 #ifndef FSDP2_CORE_COMM_WORLD_H_
 #define FSDP2_CORE_COMM_WORLD_H_
 
@@ -53,6 +62,18 @@ class World {
 
   // The group of all ranks.
   const std::shared_ptr<ProcessGroup>& group() const;
+
+  // The host of every world rank ("name/boot-id"), exchanged at rendezvous;
+  // hosts()[rank()] is this one. Ranks with the same entry share a kernel
+  // (and /dev/shm).
+  const std::vector<std::string>& hosts() const;
+  int num_hosts() const;
+  // The host name part of hosts()[rank], for messages.
+  std::string host_name(int rank) const;
+  // Where this rank's Gloo connections go: "GLOO_SOCKET_IFNAME=eth1",
+  // "route to MASTER_ADDR via eth0 (10.0.0.2)" or "loopback"; empty for
+  // other backends.
+  const std::string& network() const;
 
   // Collective over all ranks: every rank calls it with the same arguments in
   // the same order. `partition` lists disjoint sets of world ranks; the group

@@ -1,6 +1,7 @@
 #include "core/strategy/cluster_environment.h"
 #include "core/common/error.h"
 
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -140,6 +141,41 @@ std::string ClusterEnvironment::ToString() const {
     << ", local_rank=" << local_rank << ", node_rank=" << node_rank
     << ", master=" << master_addr << ":" << master_port << ")";
   return s.str();
+}
+
+int RanksPerHost(const std::vector<std::string>& hosts) {
+  const int world = static_cast<int>(hosts.size());
+  if (world == 0) throw InvalidArgumentError("RanksPerHost: no ranks");
+  auto name = [&](int r) {
+    const std::string& h = hosts[static_cast<size_t>(r)];
+    return "'" + h.substr(0, h.find('/')) + "'";
+  };
+  std::map<std::string, int> count;
+  for (const auto& h : hosts) ++count[h];
+  const int per_host = count[hosts[0]];
+  for (int r = 0; r < world; ++r) {
+    if (count[hosts[static_cast<size_t>(r)]] != per_host) {
+      throw InvalidArgumentError(
+          "HYBRID_SHARD shards within each host, but the hosts run different "
+          "numbers of ranks (host " + name(0) + ": " + std::to_string(per_host) +
+          ", host " + name(r) + ": " +
+          std::to_string(count[hosts[static_cast<size_t>(r)]]) +
+          "); start as many ranks on every host, or set shard_group_size to "
+          "a divisor of the world size");
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    const int first = r - r % per_host;
+    if (hosts[static_cast<size_t>(r)] != hosts[static_cast<size_t>(first)]) {
+      throw InvalidArgumentError(
+          "HYBRID_SHARD shards within each host, but the ranks of one host are "
+          "not consecutive (rank " + std::to_string(first) + " runs on " +
+          name(first) + ", rank " + std::to_string(r) + " on " + name(r) +
+          "); number the ranks host by host (srun --distribution=block, "
+          "mpirun --map-by slot), or set shard_group_size");
+    }
+  }
+  return per_host;
 }
 
 }  // namespace strategy

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/comm/world.h"
 
@@ -49,6 +50,14 @@ struct ClusterEnvironment {
                                        const std::string& backend) const;
   std::string ToString() const;
 };
+
+// HYBRID_SHARD's shard group when none is given: the ranks of one host.
+// hosts[r] is rank r's host (comm::World::hosts(), "name/boot-id"). Every
+// host must hold the same number of ranks, with consecutive rank numbers (as
+// torchrun, srun's block distribution and mpirun's default by-slot mapping
+// give); otherwise throws std::invalid_argument naming the hosts and saying
+// to set shard_group_size.
+int RanksPerHost(const std::vector<std::string>& hosts);
 
 // The first host of a SLURM node list: "gpu[03-05,9],cpu1" -> "gpu03".
 std::string FirstSlurmHost(const std::string& nodelist);

@@ -114,6 +114,32 @@ TEST(ClusterEnvironment, FirstSlurmHost) {
   EXPECT_EQ(FirstSlurmHost("gpu[003-009]"), "gpu003");
 }
 
+TEST(ClusterEnvironment, RanksPerHostGroupsConsecutiveRanksOfOneHost) {
+  EXPECT_EQ(RanksPerHost({"a/1"}), 1);
+  EXPECT_EQ(RanksPerHost({"a/1", "a/1", "a/1"}), 3);
+  EXPECT_EQ(RanksPerHost({"a/1", "a/1", "b/1", "b/1"}), 2);
+  EXPECT_EQ(RanksPerHost({"a/1", "b/1", "c/1"}), 1);
+  // Same name, another boot: another host.
+  EXPECT_EQ(RanksPerHost({"a/1", "a/2"}), 1);
+}
+
+TEST(ClusterEnvironment, RanksPerHostRefusesUnevenOrInterleavedHosts) {
+  try {
+    RanksPerHost({"a/1", "a/1", "b/1"});
+    ADD_FAILURE() << "uneven hosts accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("different numbers of ranks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shard_group_size"), std::string::npos) << e.what();
+  }
+  try {
+    RanksPerHost({"a/1", "b/1", "a/1", "b/1"});
+    ADD_FAILURE() << "interleaved hosts accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("not consecutive"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'b'"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace strategy
 }  // namespace fsdp2

@@ -229,22 +229,27 @@ void FSDP2Strategy::setup_environment() {
         "spans the whole world); use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD "
         "with tensor parallelism, or tensor_parallel_size = 1");
   }
-  int shard = 0;
-  if (options_.sharding_strategy == fsdp::ShardingStrategy::kHybridShard) {
-    shard = options_.shard_group_size;
-    if (shard == 0) {
-      const char* local = std::getenv("LOCAL_WORLD_SIZE");
-      shard = local != nullptr ? std::atoi(local) : dp;
-    }
-    if (shard < 1 || dp % shard != 0) {
+  const bool hybrid = options_.sharding_strategy == fsdp::ShardingStrategy::kHybridShard;
+  auto check_shard = [&](int shard) {
+    if (dp % shard != 0) {
       throw InvalidArgumentError(
           "FSDP2Strategy: HYBRID_SHARD needs a 2-D (replicate x shard) mesh, "
-          "but shard_group_size " + std::to_string(shard) +
-          " does not divide data_parallel_size " + std::to_string(dp) +
+          "but shard groups of " + std::to_string(shard) +
+          " ranks do not divide data_parallel_size " + std::to_string(dp) +
           "; set shard_group_size to a divisor");
     }
+    return shard;
+  };
+  if (hybrid && options_.shard_group_size > 0) check_shard(options_.shard_group_size);
+  auto world_ptr = comm::World::Init(cluster_.ToRendezvous(options_.timeout, options_.backend));
+  int shard = 0;
+  if (hybrid) {
+    // By default the ranks of one host, as found at rendezvous: what a
+    // launcher exported (LOCAL_WORLD_SIZE and the like) is not trusted.
+    shard = check_shard(options_.shard_group_size > 0 ? options_.shard_group_size
+                                                      : RanksPerHost(world_ptr->hosts()));
   }
-  world_ = comm::World::Init(cluster_.ToRendezvous(options_.timeout, options_.backend));
+  world_ = std::move(world_ptr);
   dp_size_ = dp;
   tp_size_ = tp;
   mesh_ = comm::DeviceMesh::Create(world_, {dp, tp}, {"dp", "tp"});

@@ -110,8 +110,11 @@ struct FSDP2StrategyOptions {
   fsdp::MixedPrecisionPolicy mp_policy = DefaultMixedPrecision();
   fsdp::ShardingStrategy sharding_strategy = fsdp::ShardingStrategy::kFullShard;
   c10::optional<bool> reshard_after_forward;
-  // HYBRID_SHARD: ranks per shard group (0: the ranks of one node); the
-  // data-parallel ranks form a (replicate x shard) mesh.
+  // HYBRID_SHARD: ranks per shard group; the data-parallel ranks form a
+  // (replicate x shard) mesh. 0: the ranks of one host, as the ranks tell
+  // each other at rendezvous (host name and boot id), under any launcher;
+  // every host must then run as many ranks, numbered consecutively
+  // (RanksPerHost in cluster_environment.h).
   int shard_group_size = 0;
   // Keep sharded state in host memory. Refused on this CPU-only build: the
   // state already lives there.
@@ -269,6 +272,9 @@ class FSDP2Strategy {
   const ClusterEnvironment& cluster() const { return cluster_; }
   const std::shared_ptr<comm::World>& world() const { return world_; }
   const std::shared_ptr<comm::DeviceMesh>& mesh() const { return mesh_; }
+  // The mesh fully_shard shards over: mesh() itself, or with HYBRID_SHARD
+  // (replicate, shard).
+  const std::shared_ptr<comm::DeviceMesh>& fsdp_mesh() const { return fsdp_mesh_; }
   int data_parallel_rank() const;
   int data_parallel_size() const { return dp_size_; }
   int tensor_parallel_size() const { return tp_size_; }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/comm/internal/gloo_transport.h"
+#include "core/comm/internal/host.h"
 #include "core/comm/internal/nccl_transport.h"
 #include "core/comm/internal/shm_segment.h"
 #include "core/comm/internal/shm_transport.h"
@@ -24,17 +25,6 @@ std::vector<uint8_t> Bytes(const std::string& s) {
 }
 std::string String(const std::vector<uint8_t>& b) {
   return std::string(b.begin(), b.end());
-}
-
-// This host, as precisely as processes sharing /dev/shm need: the host name
-// and the kernel's boot id.
-std::string HostIdentity() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  std::string boot;
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::getline(in, boot);
-  return std::string(host) + "/" + boot;
 }
 
 // Collective: whether the group may use shared memory, decided alike on

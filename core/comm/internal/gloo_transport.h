@@ -25,6 +25,7 @@ namespace internal {
 
 class GlooTransport final : public Transport {
  public:
+  const char* kind() const override { return "gloo"; }
   // Collective over the `world` ranks sharing `store` (prefixed for this
   // group and lane): creates their Gloo communicator on `device`. Every
   // later operation fails after `timeout`. Throws if the communicator

@@ -26,6 +26,7 @@ namespace internal {
 
 class NcclTransport final : public Transport {
  public:
+  const char* kind() const override { return "nccl"; }
   // Collective over the `world` ranks sharing `store` (prefixed for this
   // group and lane): creates their NCCL communicator. Every later operation
   // fails after `timeout`.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/comm/comm_handle.h"
+#include "core/comm/internal/peer_check.h"
 #include "core/comm/internal/transport.h"
 #include "core/comm/process_group.h"
 
@@ -31,6 +32,9 @@ struct ProcessGroup::Impl {
   std::array<std::unique_ptr<internal::Transport>, kNumLanes> transports;
   std::array<std::unique_ptr<CommLane>, kNumLanes> lanes;
   std::atomic<int64_t> bytes_sent{0};
+  // Names the lost peers when a collective fails (nullptr-store: not
+  // checked, as for groups of one rank).
+  internal::PeerCheck peer_check;
 };
 
 }  // namespace comm

@@ -33,6 +33,7 @@ namespace internal {
 
 class ShmTransport final : public Transport {
  public:
+  const char* kind() const override { return "shm"; }
   // Takes both: every rank of `segment`'s group must build its transport
   // over it, with a fallback over the same ranks.
   ShmTransport(std::unique_ptr<ShmSegment> segment,

@@ -15,6 +15,7 @@ namespace internal {
 
 class SingleRankTransport final : public Transport {
  public:
+  const char* kind() const override { return "single"; }
   SingleRankTransport() : Transport(/*rank=*/0, /*world=*/1) {}
 
   void all_gather_into_flat(const at::Tensor& output,

@@ -46,6 +46,9 @@ class Transport {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
+  // "shm", "gloo", "nccl" or "single" (a group of one rank), for the byte
+  // counts of comm::BytesSentByTransport().
+  virtual const char* kind() const = 0;
 
   // The semantics of the ProcessGroup collectives of the same names.
   // output (world() * n elements) receives every rank's input (n elements)

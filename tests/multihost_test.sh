@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Two hosts on one machine, as users run several: each host is a network
+# namespace with its own host name (unshare --uts), joined to the other by a
+# veth pair, and runs 2 ranks of the main job started torchrun-style (RANK,
+# WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; no
+# GLOO_SOCKET_IFNAME, so the job must find the interface itself).
+#
+# Every strategy on 2 hosts x 2 ranks must print the losses of one process
+# training the same global batch; HYBRID_SHARD must shard within each host
+# (DeviceMesh(replicate=2, shard=2), half of the parameters per rank) and
+# send fewer bytes between the hosts than FULL_SHARD (counted on the veth).
+# Needs root (tests/hosts_lib.sh makes the hosts, or says SKIPPED).
+set -uo pipefail
+train="$1"
+tmp="${TEST_TMPDIR:-/tmp}"
+fail=0
+
+test_name=multihost_test
+source "$(dirname "$0")/hosts_lib.sh"
+
+common=(--steps 3 --n-layer 2 --n-embd 32 --n-head 2 --block-size 32 --threads 1 --log-every 1)
+losses() { grep -o ' loss [0-9][0-9.]*' | awk '{print $2}'; }
+# sent_mib LINE KIND: the MiB a rank's final line says it sent through KIND
+# ("shm" or "gloo"), 0 if none.
+sent_mib() { grep -oE "$2 [0-9.]+ MiB" <<<"$1" | awk '{print $2} END { if (NR == 0) print 0 }'; }
+tx_bytes() { ip -n "$nsa" -s link show "$va" | awk '/TX:/ {getline; print $1}'; }
+
+one=$(timeout 300 "$train" --nproc 1 --batch-size 8 "${common[@]}" --out-dir "$tmp/one" 2>&1) \
+  || { echo "FAIL: one process"; echo "$one"; exit 1; }
+l1=$(echo "$one" | losses)
+[[ -n "$l1" ]] || { echo "FAIL: no losses from one process"; echo "$one"; exit 1; }
+
+# Starts 2 hosts x 2 ranks of the main job with `strategy`; prints rank 0's
+# output then every other rank's, each line prefixed.
+run_hosts() {
+  local strategy="$1" port=$(( 20000 + RANDOM % 20000 ))
+  local pids=() r
+  for r in 0 1 2 3; do
+    start_rank $(( r / 2 )) "$tmp/$strategy.$r.log" RANK=$r WORLD_SIZE=4 \
+      LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 MASTER_ADDR=10.231.7.1 \
+      MASTER_PORT=$port FSDP2_TIMEOUT_S=60 -- timeout 300 "$train" --batch-size 2 \
+      "${common[@]}" --strategy "$strategy" --out-dir "$tmp/$strategy-$r"
+    pids+=($!)
+  done
+  local status=0
+  for r in 0 1 2 3; do wait "${pids[$r]}" || status=1; done
+  for r in 0 1 2 3; do sed "s/^/[rank $r] /" "$tmp/$strategy.$r.log"; done
+  return $status
+}
+
+declare -A crossed
+for strategy in full_shard shard_grad_op no_shard hybrid_shard; do
+  before=$(tx_bytes)
+  out=$(run_hosts "$strategy") || { echo "FAIL: $strategy on 2 hosts x 2 ranks exited non-zero:"; echo "$out"; fail=1; continue; }
+  crossed[$strategy]=$(( $(tx_bytes) - before ))
+  l=$(grep '^\[rank 0\]' <<<"$out" | losses)
+  if [[ "$l" != "$l1" ]]; then
+    echo "FAIL: $strategy on 2 hosts x 2 ranks differs from one process:"
+    paste <(echo "$l1") <(echo "$l"); echo "$out"; fail=1
+  fi
+  if ! grep -q '^\[rank 0\] hosts: 2; gloo: route to MASTER_ADDR via '"$va"' (10.231.7.1)' <<<"$out"; then
+    echo "FAIL: $strategy: rank 0 should find 2 hosts and reach MASTER_ADDR through $va:"
+    grep '^\[rank 0\]' <<<"$out"; fail=1
+  fi
+  echo "$strategy: losses equal one process; bytes host0 -> host1 ${crossed[$strategy]} (3 steps)"
+  # What each rank sent, by transport: a group spanning both hosts goes
+  # over TCP (Gloo) only; HYBRID_SHARD's shard groups stay within a host
+  # and go through shared memory.
+  for r in 0 1 2 3; do
+    line=$(grep "^\[rank $r\] rank $r: sharded params" <<<"$out")
+    shm=$(sent_mib "$line" shm) gloo=$(sent_mib "$line" gloo)
+    if [[ $strategy == hybrid_shard ]]; then
+      if ! awk -v a="$shm" -v b="$gloo" 'BEGIN { exit !(a > 0 && b > 0) }'; then
+        echo "FAIL: hybrid_shard rank $r should send within its host over shared memory and across hosts over Gloo: $line"; fail=1
+      fi
+    elif ! awk -v a="$shm" -v b="$gloo" 'BEGIN { exit !(a == 0 && b > 0) }'; then
+      echo "FAIL: $strategy rank $r: its groups span both hosts, so Gloo only: $line"; fail=1
+    fi
+  done
+  grep "^\[rank 0\] rank 0: sharded" <<<"$out" | sed "s/^/  $strategy: /"
+  if [[ $strategy == hybrid_shard ]]; then
+    if ! grep -q 'DeviceMesh(replicate=2, shard=2)' <<<"$out"; then
+      echo "FAIL: hybrid_shard should shard within each host: DeviceMesh(replicate=2, shard=2):"
+      grep '^\[rank 0\]' <<<"$out"; fail=1
+    fi
+    # Every rank holds half of the parameters (its host's shard group is 2).
+    while read -r have total; do
+      if ! awk -v h="$have" -v t="$total" 'BEGIN { exit !(h > 0.45 * t && h < 0.55 * t) }'; then
+        echo "FAIL: hybrid_shard: a rank holds $have of $total MiB, not half"; fail=1
+      fi
+    done < <(grep -o 'sharded params [0-9.]* MiB of [0-9.]* MiB' <<<"$out" | awk '{print $3, $6}')
+    if [[ $(grep -c 'sharded params' <<<"$out") -ne 4 ]]; then
+      echo "FAIL: hybrid_shard: expected 4 ranks' parameter lines"; fail=1
+    fi
+  fi
+done
+if [[ -n "${crossed[hybrid_shard]:-}" && -n "${crossed[full_shard]:-}" ]] &&
+   (( crossed[hybrid_shard] >= crossed[full_shard] )); then
+  echo "FAIL: hybrid_shard sent ${crossed[hybrid_shard]} bytes between the hosts, not fewer than full_shard's ${crossed[full_shard]}"
+  fail=1
+fi
+
+# A job on 2 hosts whose MASTER_ADDR is loopback cannot know the network
+# between them: each rank on host 0 must say so and name GLOO_SOCKET_IFNAME.
+# (The file store lets the ranks meet without TCP.)
+store="$tmp/store.$$"
+rm -f "$store"
+pids=()
+for r in 0 1; do
+  start_rank $r "$tmp/lo.$r.log" RANK=$r WORLD_SIZE=2 FSDP2_STORE_PATH="$store" \
+    FSDP2_TIMEOUT_S=30 -- timeout 120 "$train" "${common[@]}" --batch-size 4 --out-dir "$tmp/lo-$r"
+  pids+=($!)
+done
+for r in 0 1; do
+  if wait "${pids[$r]}"; then echo "FAIL: rank $r of a 2-host job without an interface succeeded"; fail=1; fi
+  if ! grep -q "run on 2 hosts.*GLOO_SOCKET_IFNAME" "$tmp/lo.$r.log"; then
+    echo "FAIL: rank $r should say the 2 hosts need GLOO_SOCKET_IFNAME:"; cat "$tmp/lo.$r.log"; fail=1
+  fi
+done
+
+if [[ $fail -ne 0 ]]; then exit 1; fi
+echo "multihost_test: all checks passed"
