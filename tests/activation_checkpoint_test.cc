@@ -368,6 +368,16 @@ TEST(Fsdp, SelectiveCheckpointingAndOtherModels) {
   }
 }
 
+// Micro-batches with gradient sync off, and clipping by the global norm.
+TEST(Fsdp, AccumulationAndClipping) {
+  TrainSpec spec;
+  spec.ac = "full";
+  spec.grad_accum = 3;
+  spec.clip = 0.05;
+  spec.steps = 5;
+  ExpectPairsEqual(spec, {1e-12, true}, {1, 2, 3});
+}
+
 TEST(Fsdp, Float32WithinRounding) {
   TrainSpec spec;
   spec.dtype = "float32";
