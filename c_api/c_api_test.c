@@ -516,6 +516,25 @@ static void TestHandlesAndOrder(void) {
   fsdp2_model_destroy(m); /* a second destroy is harmless */
   CHECK_OK(fsdp2_strategy_parallelize(s));
   CHECK_OK(fsdp2_strategy_parallelize(s)); /* a second call does nothing */
+  /* Checkpoint calls of ABI 1.2: unknown flags, a bad target, a missing
+   * state file; nothing in flight. */
+  {
+    int32_t in_flight = -1, restarts = -1, code = -1;
+    char* args[] = {"prog", NULL};
+    EXPECT_ERROR(fsdp2_strategy_save_checkpoint_ex(s, "x", 6u), FSDP2_ERROR_INVALID_ARGUMENT,
+                 "unknown flags 6");
+    EXPECT_ERROR(fsdp2_strategy_save_checkpoint_ex(s, "/proc/fsdp2_ckpt", FSDP2_SAVE_ASYNC),
+                 FSDP2_ERROR_IO, "cannot be written");
+    CHECK_OK(fsdp2_strategy_wait_for_checkpoint(s));
+    CHECK_OK(fsdp2_strategy_checkpoint_in_flight(s, &in_flight));
+    EXPECT(in_flight == 0, "in_flight %d", (int)in_flight);
+    EXPECT_ERROR(fsdp2_strategy_load_model_state_dict_file(s, "/nonexistent/state.safetensors"),
+                 FSDP2_ERROR_IO, "/nonexistent/state.safetensors");
+    CHECK_OK(fsdp2_restart_count(&restarts));
+    EXPECT(restarts == 0, "restart count %d", (int)restarts);
+    EXPECT_ERROR(fsdp2_launch_local_with_restarts(1, 0, -1, 1, args, &code),
+                 FSDP2_ERROR_INVALID_ARGUMENT, "max_restarts");
+  }
   fsdp2_strategy_destroy(s);
   EXPECT_ERROR(fsdp2_strategy_training_step(s, batch, 2, 0, NULL, &result),
                FSDP2_ERROR_INVALID_HANDLE, "destroyed");

@@ -69,7 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 2
+#define FSDP2_ABI_VERSION_MINOR 2 /* 1.2: background saves, restarts, state files, activation checkpointing */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -132,6 +132,17 @@ FSDP2_API fsdp2_status_t fsdp2_is_rank_process(int32_t* is_rank);
 FSDP2_API fsdp2_status_t fsdp2_launch_local(int32_t nproc, int32_t threads_per_rank,
                                             int argc, char** argv,
                                             int32_t* exit_code);
+
+/* fsdp2_launch_local that, when a rank fails, stops all ranks and starts
+ * them again up to `max_restarts` times; a rank whose fsdp2_restart_count is
+ * positive should resume from its newest checkpoint. *exit_code: 0 once a
+ * run succeeded, else the last run's code. */
+FSDP2_API fsdp2_status_t fsdp2_launch_local_with_restarts(
+    int32_t nproc, int32_t threads_per_rank, int32_t max_restarts, int argc, char** argv,
+    int32_t* exit_code);
+
+/* This rank's run of a job launched with restarts (0: the first, or none). */
+FSDP2_API fsdp2_status_t fsdp2_restart_count(int32_t* restart_count);
 
 /* The memory allocator this process runs with: "tcmalloc", "jemalloc" or
  * "system" (glibc's malloc). Ranks that fsdp2_launch_local starts run with
@@ -422,10 +433,26 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_predict_step(
     int64_t batch_idx, fsdp2_tensor_t* output);
 
 /* Collective. Writes model, optimizer state and the epoch/step counters to
- * `path` (borrowed) in the strategy's checkpoint format, atomically: a kill
- * mid-save leaves the previous checkpoint loadable. */
+ * the directory `path` (borrowed; in both formats) in the strategy's checkpoint
+ * format, atomically: a kill mid-save leaves the previous checkpoint loadable. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_save_checkpoint(
     fsdp2_strategy_t* strategy, const char* path);
+
+typedef enum fsdp2_save_flags { FSDP2_SAVE_ASYNC = 1 } fsdp2_save_flags_t;
+
+/* Collective. With FSDP2_SAVE_ASYNC the collective part runs now and stages
+ * this rank's tensors; a background thread writes the files (atomically)
+ * while training goes on. At most one save is in flight: the next save, a
+ * load, a remove and teardown wait for it and report its error. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_save_checkpoint_ex(
+    fsdp2_strategy_t* strategy, const char* path, uint32_t flags);
+
+/* Waits for this rank's part of a background save; returns its error. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_wait_for_checkpoint(fsdp2_strategy_t* strategy);
+
+/* 1 while this rank is still writing a background save, else 0. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_checkpoint_in_flight(
+    const fsdp2_strategy_t* strategy, int32_t* in_flight);
 
 /* Collective. Loads a checkpoint of either format, saved on any number of
  * ranks, into the parallelized model and optimizer and restores the
@@ -473,6 +500,12 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_get_parameter(fsdp2_strategy_t* strategy
  * each rank keeps its own rows, so every rank must pass the same value. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_set_parameter(
     fsdp2_strategy_t* strategy, const char* name, const fsdp2_tensor_t* value);
+
+/* Collective. Full parameters by name from a safetensors file: a PyTorch
+ * state_dict() saved as safetensors, or a full checkpoint (optimizer entries
+ * skipped). Names and shapes must match; each rank keeps its rows. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_load_model_state_dict_file(
+    fsdp2_strategy_t* strategy, const char* path);
 
 /* Epoch and optimizer steps taken (restored by load_checkpoint). */
 FSDP2_API fsdp2_status_t fsdp2_strategy_current_epoch_step(

@@ -52,6 +52,35 @@ fsdp2_status_t fsdp2_strategy_save_checkpoint(fsdp2_strategy_t* strategy, const 
   FSDP2_API_END_FILE
 }
 
+fsdp2_status_t fsdp2_strategy_save_checkpoint_ex(fsdp2_strategy_t* strategy, const char* path,
+                                                 uint32_t flags) {
+  FSDP2_API_BEGIN
+  auto s = GetStrategy(strategy);
+  NotNull(path, "path");
+  if ((flags & ~uint32_t{FSDP2_SAVE_ASYNC}) != 0) {
+    throw fsdp2::InvalidArgumentError("fsdp2_strategy_save_checkpoint_ex: unknown flags " +
+                                      std::to_string(flags & ~uint32_t{FSDP2_SAVE_ASYNC}));
+  }
+  RequireParallelized(*s, "fsdp2_strategy_save_checkpoint_ex");
+  s->strategy->save_checkpoint(path, (flags & FSDP2_SAVE_ASYNC) != 0);
+  FSDP2_API_END_FILE
+}
+
+fsdp2_status_t fsdp2_strategy_wait_for_checkpoint(fsdp2_strategy_t* strategy) {
+  FSDP2_API_BEGIN
+  GetStrategy(strategy)->strategy->wait_for_checkpoint();
+  FSDP2_API_END_FILE
+}
+
+fsdp2_status_t fsdp2_strategy_checkpoint_in_flight(const fsdp2_strategy_t* strategy,
+                                                   int32_t* in_flight) {
+  FSDP2_API_BEGIN
+  auto s = GetStrategy(strategy);
+  NotNull(in_flight, "in_flight");
+  *in_flight = s->strategy->checkpoint_in_flight() ? 1 : 0;
+  FSDP2_API_END
+}
+
 fsdp2_status_t fsdp2_strategy_load_checkpoint(fsdp2_strategy_t* strategy, const char* path) {
   FSDP2_API_BEGIN
   auto s = GetStrategy(strategy);
@@ -66,6 +95,16 @@ fsdp2_status_t fsdp2_strategy_remove_checkpoint(fsdp2_strategy_t* strategy, cons
   auto s = GetStrategy(strategy);
   NotNull(path, "path");
   s->strategy->remove_checkpoint(path);
+  FSDP2_API_END_FILE
+}
+
+fsdp2_status_t fsdp2_strategy_load_model_state_dict_file(fsdp2_strategy_t* strategy,
+                                                         const char* path) {
+  FSDP2_API_BEGIN
+  auto s = GetStrategy(strategy);
+  NotNull(path, "path");
+  RequireParallelized(*s, "fsdp2_strategy_load_model_state_dict_file");
+  s->strategy->load_model_state_dict(std::string(path));
   FSDP2_API_END_FILE
 }
 

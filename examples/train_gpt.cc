@@ -13,6 +13,11 @@
 // same losses whatever --nproc is. Metrics (JSON lines, CSV) and the loss
 // curve (SVG) go to --out-dir.
 //
+// With --max-restarts N, when a rank dies the launcher stops all ranks and
+// starts them again (up to N times); a restarted job resumes from the newest
+// complete checkpoint in --ckpt-dir. For tests, FSDP2_FAULT_AT_STEP=R:S
+// makes rank R kill itself (SIGKILL) after step S of the first run.
+//
 // Under torchrun, srun or mpirun (RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK
 // set) each process is one rank and --nproc is ignored.
 #include <ATen/ATen.h>
@@ -20,6 +25,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -30,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/checkpoint_dir.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/flags/flags.h"
@@ -71,11 +78,13 @@ struct Flags {
   int log_every = 1;
   int64_t val_every = 10;
   std::string out_dir;  // default: ./fsdp2_out
-  std::string ckpt_dir;  // save a sharded checkpoint at the end
+  std::string ckpt_dir;  // save a checkpoint (a directory) at the end
   int64_t ckpt_every = 0;
   std::string resume;    // continue from this checkpoint
   std::string checkpoint_format = "sharded";
   int64_t ckpt_keep = 0;  // >0: save to ckpt-dir/step-N, keep the newest N
+  bool ckpt_async = false;  // write checkpoints in the background
+  int max_restarts = 0;     // restarts of all ranks after a rank fails
   int progress_bar = -1;
   int activation_checkpointing = 0;  // 1: recompute blocks in backward
   int ac_every = 1;                  // with it: every k-th block
@@ -89,6 +98,30 @@ const char* kUsage =
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "train: " << message << "\n";
   std::exit(2);
+}
+
+// The complete step-<N> checkpoints in `dir`, oldest first.
+std::vector<std::string> KeptCheckpoints(const std::string& dir) {
+  std::vector<std::pair<long long, std::string>> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos ||
+        name.size() == 5 || checkpoint::NewestCheckpoint(e.path().string()) != e.path().string()) {
+      continue;
+    }
+    steps.emplace_back(std::stoll(name.substr(5)), e.path().string());
+  }
+  std::sort(steps.begin(), steps.end());
+  std::vector<std::string> out;
+  for (auto& item : steps) out.push_back(std::move(item.second));
+  return out;
+}
+
+// The directory the first save writes: --ckpt-dir, or with --ckpt-keep a
+// step-N directory inside it.
+std::string CheckpointTarget(const Flags& f) {
+  return f.ckpt_keep > 0 ? (fs::path(f.ckpt_dir) / "step-0").string() : f.ckpt_dir;
 }
 
 Flags ParseFlags(int argc, char** argv) {
@@ -130,7 +163,8 @@ Flags ParseFlags(int argc, char** argv) {
                               "metrics and loss curve (default: ./fsdp2_out)");
     f.progress_bar = parser.Int("progress-bar", f.progress_bar,
                                 "1: a progress bar, 0: log lines, -1: a bar on a terminal");
-    f.ckpt_dir = parser.String("ckpt-dir", f.ckpt_dir, "save a checkpoint here at the end");
+    f.ckpt_dir = parser.String("ckpt-dir", f.ckpt_dir,
+                               "save a checkpoint (a directory, either format) here at the end");
     f.ckpt_every = parser.Int("ckpt-every", f.ckpt_every, "steps between checkpoints");
     f.resume = parser.String("resume", f.resume, "continue from this checkpoint");
     f.checkpoint_format =
@@ -142,6 +176,11 @@ Flags ParseFlags(int argc, char** argv) {
         "1: recompute each block's activations in backward instead of keeping them");
     f.ac_every = parser.Int("ac-every", f.ac_every,
                             "with --activation-checkpointing 1: every k-th block (1: all)");
+    f.ckpt_async = parser.Int("ckpt-async", f.ckpt_async ? 1 : 0,
+                              "1: write checkpoints in the background while training goes on") != 0;
+    f.max_restarts = parser.Int("max-restarts", f.max_restarts,
+                                "when a rank dies, restart all ranks up to N times, resuming "
+                                "from the newest checkpoint in --ckpt-dir");
     parser.Finish();
   } catch (const flags::FlagError& e) {
     Fail(e.what());
@@ -149,10 +188,6 @@ Flags ParseFlags(int argc, char** argv) {
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
   if (f.tensor_parallel < 1) Fail("--tensor-parallel must be at least 1");
-  if (f.tensor_parallel > 1 && (!f.ckpt_dir.empty() || !f.resume.empty())) {
-    Fail("--ckpt-dir and --resume need --tensor-parallel 1: checkpoints of "
-         "tensor-parallel runs are not supported yet");
-  }
   if (f.activation_checkpointing != 0 && f.activation_checkpointing != 1) {
     Fail("--activation-checkpointing must be 0 or 1, got " +
          std::to_string(f.activation_checkpointing));
@@ -188,8 +223,17 @@ Flags ParseFlags(int argc, char** argv) {
     Fail("--ckpt-every and --ckpt-keep need --ckpt-dir");
   }
   if (f.ckpt_keep < 0) Fail("--ckpt-keep must be positive");
+  if (f.max_restarts < 0) Fail("--max-restarts must be 0 or more");
   if (f.shard_group_size < 0) Fail("--shard-group-size must be 0 (a host) or positive");
   if (f.timeout_s < 1) Fail("--timeout must be at least 1 second");
+  if (!f.ckpt_dir.empty()) {
+    // Before any training: a target that cannot take a checkpoint fails now.
+    try {
+      checkpoint::CheckCheckpointTarget(CheckpointTarget(f));
+    } catch (const std::exception& e) {
+      Fail(std::string("--ckpt-dir ") + e.what());
+    }
+  }
   return f;
 }
 
@@ -313,10 +357,16 @@ int RunRank(const Flags& f) {
   auto module = std::make_shared<models::GPTModule>(config, models::GPT2AdamW(f.lr));
   strategy.connect(module);
   strategy.parallelize();
-  if (!f.resume.empty()) {
-    strategy.load_checkpoint(f.resume);
+  // A restart after a failure resumes from the newest complete checkpoint.
+  std::string resume = f.resume;
+  if (launch::RestartCount() > 0 && !f.ckpt_dir.empty()) {
+    const std::string newest = checkpoint::NewestCheckpoint(f.ckpt_dir);
+    if (!newest.empty()) resume = newest;
+  }
+  if (!resume.empty()) {
+    strategy.load_checkpoint(resume);
     if (rank == 0) {
-      std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
+      std::printf("resumed from %s at step %lld\n", resume.c_str(),
                   (long long)strategy.current_epoch_step().step);
     }
   }
@@ -343,30 +393,46 @@ int RunRank(const Flags& f) {
   if (!f.ckpt_dir.empty()) {
     // Every --ckpt-every steps (if set) and at the end.
     trainer_options.checkpoint_every_n_steps = f.ckpt_every > 0 ? f.ckpt_every : f.steps;
+    trainer_options.checkpoint_dir = CheckpointTarget(f);
     // With --ckpt-keep K: one checkpoint per save, ckpt-dir/step-<N>, and
     // only the newest K kept.
     auto saved = std::make_shared<std::vector<std::string>>();
+    // After a restart, the step-N checkpoints of the runs before count too.
+    if (f.ckpt_keep > 0 && launch::RestartCount() > 0) *saved = KeptCheckpoints(f.ckpt_dir);
     trainer_options.on_checkpoint = [&f, rank, saved](strategy::FSDP2Strategy& s, int64_t step) {
-      const auto start = std::chrono::steady_clock::now();
       std::string path = f.ckpt_dir;
       if (f.ckpt_keep > 0) {
+        // Make room first: removing waits for a background save in flight,
+        // which is most likely done by now; the new one then overlaps
+        // training.
+        while (static_cast<int64_t>(saved->size()) >= f.ckpt_keep) {
+          s.remove_checkpoint(saved->front());
+          saved->erase(saved->begin());
+        }
         if (rank == 0) fs::create_directories(f.ckpt_dir);
         s.barrier();
         path = (fs::path(f.ckpt_dir) / ("step-" + std::to_string(step))).string();
-        if (f.checkpoint_format == "full") path += ".safetensors";
       }
-      s.save_checkpoint(path);
+      const auto start = std::chrono::steady_clock::now();
+      s.save_checkpoint(path, f.ckpt_async);
       if (rank == 0) {
-        std::printf("checkpoint: step %lld saved to %s in %.0f ms\n", (long long)step,
+        std::printf("checkpoint: step %lld %s %s in %.0f ms\n", (long long)step,
+                    f.ckpt_async ? "staged (written in the background) for" : "saved to",
                     path.c_str(),
                     std::chrono::duration<double, std::milli>(
                         std::chrono::steady_clock::now() - start).count());
       }
-      if (f.ckpt_keep <= 0) return;
-      saved->push_back(path);
-      while (static_cast<int64_t>(saved->size()) > f.ckpt_keep) {
-        s.remove_checkpoint(saved->front());
-        saved->erase(saved->begin());
+      if (f.ckpt_keep > 0) saved->push_back(path);
+    };
+  }
+  if (const char* fault = std::getenv("FSDP2_FAULT_AT_STEP")) {  // tests: R:S
+    const std::string spec = fault;
+    const int fault_rank = std::stoi(spec.substr(0, spec.find(':')));
+    const int64_t fault_step = std::stoll(spec.substr(spec.find(':') + 1));
+    trainer_options.on_step_end = [=](strategy::FSDP2Strategy&, int64_t step) {
+      if (rank == fault_rank && step == fault_step && launch::RestartCount() == 0) {
+        std::fflush(stdout);
+        raise(SIGKILL);
       }
     };
   }
@@ -441,6 +507,7 @@ int main(int argc, char** argv) {
       launch::LocalLaunchOptions options;
       options.nproc = flags.nproc;
       options.threads_per_rank = flags.threads;
+      options.max_restarts = flags.max_restarts;
       options.argv.assign(argv, argv + argc);
       return launch::LaunchLocal(options);
     }

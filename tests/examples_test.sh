@@ -49,7 +49,9 @@ for g in 0 2; do
 done
 
 # Resume: 2 ranks train 2 steps and save; 1 rank resumes to step 4; the
-# losses of steps 3 and 4 equal the uninterrupted run's.
+# losses of steps 3 and 4 equal the uninterrupted run's. The target is an
+# existing empty directory: it takes a checkpoint in both formats.
+mkdir -p "$tmp/ckpt" "$tmp/full"
 first=$(run --nproc 2 --batch-size 4 "${common[@]}" --steps 2 --ckpt-dir "$tmp/ckpt" --out-dir "$tmp/o3") || { echo "$first"; exit 1; }
 resumed=$(run --nproc 1 --batch-size 8 "${common[@]}" --resume "$tmp/ckpt" --out-dir "$tmp/o4") || { echo "$resumed"; exit 1; }
 echo "$resumed"
@@ -59,18 +61,81 @@ if [[ "$lr" != "$l2" ]]; then
   paste <(echo "$l2") <(echo "$lr"); fail=1
 fi
 
-# The same with a full (single-file) checkpoint, resumed on 2 ranks.
-first=$(run --nproc 1 --batch-size 8 "${common[@]}" --steps 2 --ckpt-dir "$tmp/full.safetensors" --checkpoint-format full --out-dir "$tmp/o5") || { echo "$first"; exit 1; }
-resumed=$(run --nproc 2 --batch-size 4 "${common[@]}" --resume "$tmp/full.safetensors" --out-dir "$tmp/o6") || { echo "$resumed"; exit 1; }
+# A background save (--ckpt-async 1) writes the same files as a synchronous one.
+out=$(run --nproc 2 --batch-size 4 "${common[@]}" --steps 2 --ckpt-dir "$tmp/async" --ckpt-async 1 --out-dir "$tmp/o3b") || { echo "$out"; exit 1; }
+for f in "$tmp"/ckpt/*; do
+  cmp -s "$f" "$tmp/async/$(basename "$f")" || { echo "FAIL: --ckpt-async wrote another $(basename "$f")"; fail=1; }
+done
+if [[ "$(ls "$tmp/async")" != "$(ls "$tmp/ckpt")" ]] || ! grep -q "written in the background" <<<"$out"; then
+  echo "FAIL: --ckpt-async: $(ls "$tmp/async") vs $(ls "$tmp/ckpt")"; echo "$out"; fail=1
+fi
+
+# The same with a full checkpoint (a directory holding one safetensors
+# file, checkpoint.safetensors), resumed on 2 ranks.
+first=$(run --nproc 1 --batch-size 8 "${common[@]}" --steps 2 --ckpt-dir "$tmp/full" --checkpoint-format full --out-dir "$tmp/o5") || { echo "$first"; exit 1; }
+if [[ "$(ls "$tmp/full")" != "checkpoint.safetensors" ]]; then
+  echo "FAIL: a full checkpoint should be DIR/checkpoint.safetensors, found: $(ls "$tmp/full")"; fail=1
+fi
+resumed=$(run --nproc 2 --batch-size 4 "${common[@]}" --resume "$tmp/full" --out-dir "$tmp/o6") || { echo "$resumed"; exit 1; }
 lf=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
 if [[ "$lf" != "$l2" ]]; then
   echo "FAIL: full checkpoint resume differs:"; paste <(echo "$l2") <(echo "$lf"); fail=1
+fi
+# Tensor-parallel checkpoints: (dp, tp) = (1, 2) saves after 2 steps, one
+# process resumes (sharded), and (dp, tp) = (1, 2) resumes a full checkpoint
+# of one process: the losses are the uninterrupted run's.
+first=$(run --nproc 2 --tensor-parallel 2 --batch-size 8 "${common[@]}" --steps 2 --ckpt-dir "$tmp/tpckpt" --out-dir "$tmp/otp1") || { echo "$first"; exit 1; }
+resumed=$(run --nproc 1 --batch-size 8 "${common[@]}" --resume "$tmp/tpckpt" --out-dir "$tmp/otp2") || { echo "$resumed"; exit 1; }
+ltc=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
+resumed=$(run --nproc 2 --tensor-parallel 2 --batch-size 8 "${common[@]}" --resume "$tmp/full" --out-dir "$tmp/otp3") || { echo "$resumed"; exit 1; }
+ltf=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
+if [[ "$ltc" != "$l1" || "$ltf" != "$l1" ]]; then
+  echo "FAIL: tensor-parallel checkpoints resume with other losses:"; paste <(echo "$l1") <(echo "$ltc") <(echo "$ltf"); fail=1
+fi
+# A single-file full checkpoint of an earlier fsdp2 still loads.
+cp "$tmp/full/checkpoint.safetensors" "$tmp/old.safetensors"
+resumed=$(run --nproc 2 --batch-size 4 "${common[@]}" --resume "$tmp/old.safetensors" --out-dir "$tmp/o6b") || { echo "$resumed"; exit 1; }
+lo=$( (echo "$first"; echo "$resumed") | grep -v checkpoint | losses)
+if [[ "$lo" != "$l2" ]]; then
+  echo "FAIL: resuming from a single-file full checkpoint differs:"; paste <(echo "$l2") <(echo "$lo"); fail=1
+fi
+# A full save replaces a sharded checkpoint in the same directory.
+out=$(run --nproc 1 --batch-size 8 "${common[@]}" --steps 1 --ckpt-dir "$tmp/ckpt" --checkpoint-format full --out-dir "$tmp/o6c") || { echo "$out"; exit 1; }
+if [[ "$(ls "$tmp/ckpt")" != "checkpoint.safetensors" ]]; then
+  echo "FAIL: a full save should replace the sharded checkpoint in $tmp/ckpt, found: $(ls "$tmp/ckpt")"; fail=1
 fi
 
 # Rotation: a checkpoint every step, the newest 2 kept.
 out=$(run --nproc 2 --batch-size 4 "${common[@]}" --ckpt-dir "$tmp/rot" --ckpt-every 1 --ckpt-keep 2 --out-dir "$tmp/o7") || { echo "$out"; exit 1; }
 if [[ "$(ls "$tmp/rot" | tr '\n' ' ')" != "step-3 step-4 " ]]; then
   echo "FAIL: --ckpt-keep 2 should leave step-3 and step-4, found: $(ls "$tmp/rot")"; fail=1
+fi
+
+# Restart after a failure: rank 1 dies (SIGKILL) after step 3, with a
+# checkpoint every 2 steps; with --max-restarts 1 the launcher restarts both
+# ranks, they resume from step 2 and end with the uninterrupted losses.
+# Without it the job fails. Then rank 0 dies after step 3 of a run saving
+# full checkpoints in the background every step into step-N directories.
+restart_losses() { sed -n '/^\[rank 0\] resumed from/,$p' | losses; }
+want=$(echo "$l2" | tail -n 2)
+out=$(FSDP2_FAULT_AT_STEP=1:3 run --nproc 2 --batch-size 4 "${common[@]}" --ckpt-dir "$tmp/restart" --ckpt-every 2 --max-restarts 1 --out-dir "$tmp/o10") || { echo "$out"; fail=1; }
+if [[ "$(restart_losses <<<"$out")" != "$want" ]] || ! grep -q "restarting all 2 ranks" <<<"$out" \
+   || ! grep -q "resumed from $tmp/restart at step 2" <<<"$out"; then
+  echo "FAIL: a run restarted after rank 1 died should resume at step 2 with the uninterrupted losses:"
+  echo "$out"; paste <(echo "$want") <(restart_losses <<<"$out"); fail=1
+fi
+if FSDP2_FAULT_AT_STEP=1:3 run --nproc 2 --batch-size 4 "${common[@]}" --ckpt-dir "$tmp/restart0" --ckpt-every 2 --out-dir "$tmp/o11" > /dev/null; then
+  echo "FAIL: without --max-restarts a dead rank should fail the job"; fail=1
+fi
+out=$(FSDP2_FAULT_AT_STEP=0:3 run --nproc 2 --batch-size 4 "${common[@]}" --ckpt-dir "$tmp/restart2" --ckpt-every 1 --ckpt-keep 2 --ckpt-async 1 --checkpoint-format full --max-restarts 2 --out-dir "$tmp/o12") || { echo "$out"; fail=1; }
+got=$(restart_losses <<<"$out")
+if [[ -z "$got" || "$got" != "$(echo "$l2" | tail -n "$(wc -l <<<"$got")")" ]] \
+   || ! grep -q "resumed from $tmp/restart2/step-[23] at step [23]" <<<"$out"; then
+  echo "FAIL: a run restarted after rank 0 died during background saves differs:"; echo "$out"; fail=1
+fi
+# --ckpt-keep 2 counts the checkpoints of the run before the restart too.
+if [[ "$(ls "$tmp/restart2" | tr '\n' ' ')" != "step-3 step-4 " ]]; then
+  echo "FAIL: after the restart --ckpt-keep 2 should leave step-3 and step-4, found: $(ls "$tmp/restart2")"; fail=1
 fi
 
 # The allocator (core/launch/allocator.h): every rank the launcher starts
@@ -122,7 +187,17 @@ expect_error "--shard-group-size must divide the 3 data-parallel ranks" --nproc 
 expect_error "no such checkpoint" --resume "$tmp/no_such_ckpt"
 expect_error "must be sharded or full" --checkpoint-format zip
 expect_error "--tensor-parallel must divide --nproc" --nproc 2 --tensor-parallel 3
-expect_error "need --tensor-parallel 1" --nproc 2 --tensor-parallel 2 --ckpt-dir "$tmp/tpckpt"
+# A target that cannot take a checkpoint is refused before any training, in
+# both formats (one line, no loss printed).
+echo "not a checkpoint" > "$tmp/a_file"
+mkdir -p "$tmp/foreign" && echo "notes" > "$tmp/foreign/notes.txt"
+for format in sharded full; do
+  expect_error "exists and is a file" --checkpoint-format $format --ckpt-dir "$tmp/a_file"
+  expect_error "is a file, not a directory" --checkpoint-format $format --ckpt-dir "$tmp/a_file/ckpt"
+  expect_error "holds 'notes.txt', which is not part of an fsdp2 checkpoint" --checkpoint-format $format --ckpt-dir "$tmp/foreign"
+  expect_error "cannot be written" --checkpoint-format $format --ckpt-dir /proc/fsdp2_ckpt
+done
+if [[ "$(cat "$tmp/foreign/notes.txt")" != "notes" ]]; then echo "FAIL: a foreign directory was touched"; fail=1; fi
 expect_error "--activation-checkpointing must be 0 or 1" --activation-checkpointing 2
 expect_error "--ac-every needs --activation-checkpointing 1" --ac-every 2
 expect_error "--ac-every must be at least 1" --activation-checkpointing 1 --ac-every 0

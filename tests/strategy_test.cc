@@ -10,12 +10,18 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <array>
+#include <condition_variable>
+#include <csignal>
+#include <mutex>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/checkpoint/background_saver.h"
 #include "core/checkpoint/full_checkpoint.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/sharded_checkpoint.h"
@@ -487,9 +493,10 @@ FSDP2_SCENARIO(checkpoint_errors) {
 
   // The full format (a file): it loads; a corrupted byte is caught by rank
   // 0's checksum pass; remove_checkpoint removes it.
-  const std::string file = WorkerOutDir() + "/full.safetensors";
-  checkpoint::SaveFullCheckpoint(file, *module->module(), &s.optimizer(), *s.world(), {});
-  s.load_checkpoint(file);
+  const std::string full = WorkerOutDir() + "/full";
+  const std::string file = full + "/checkpoint.safetensors";
+  checkpoint::SaveFullCheckpoint(full, *module->module(), &s.optimizer(), *s.world(), {});
+  s.load_checkpoint(full);
   // Python, with the README's lines: the file holds the model's state.
   const std::string state = WorkerOutDir() + "/state.safetensors";
   checkpoint::WriteSafetensors(state, s.lightning_module_state_dict());
@@ -501,25 +508,246 @@ FSDP2_SCENARIO(checkpoint_errors) {
     f.seekp(-5, std::ios::end);
     f.put('\x55');
   }
-  expect(file, "checksum mismatch");
+  expect(full, "checksum mismatch");
   {
     checkpoint::NamedTensors as_float;
     for (auto& kv : s.lightning_module_state_dict()) as_float.emplace_back(kv.first, kv.second.to(at::kFloat));
     checkpoint::WriteSafetensors(file, as_float, {{"fsdp2.checkpoint", "fsdp2.full.v1"},
                                                   {"optimizer", "adamw"}, {"progress", "{}"}});
   }
-  expect(file, "is Float but the model's is Double");
-  s.remove_checkpoint(file);
-  if (fs::exists(file)) throw std::runtime_error("full checkpoint not removed");
+  expect(full, "is Float but the model's is Double");
+  s.remove_checkpoint(full);
+  if (fs::exists(full)) throw std::runtime_error("full checkpoint not removed");
 }
 
-// Saves the same state to DIR over and over until killed.
+// args: FORMAT. A checkpoint target is a directory in both formats: an
+// empty one, one holding a checkpoint of either format, and a new one take
+// a save; a file, a foreign directory and an unwritable place are refused
+// on every rank (no hang), and by Trainer::fit before its first step.
+FSDP2_SCENARIO(checkpoint_targets) {
+  namespace fs = std::filesystem;
+  const std::string format = args.at(0);
+  auto options = Options();
+  options.checkpoint_format = format;
+  strategy::FSDP2Strategy s(options);
+  auto module = Prepare(s);
+  TrainOneStep(s);
+  const bool rank0 = s.world()->rank() == 0;
+  const std::string out = WorkerOutDir();
+  auto listing = [](const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    std::string joined;
+    for (const auto& n : names) joined += n + " ";
+    return joined;
+  };
+  const std::string want = format == "full" ? "checkpoint.safetensors "
+                                            : "metadata.json rank0-of-2.safetensors "
+                                              "rank1-of-2.safetensors ";
+  const auto saved = s.lightning_module_state_dict();
+  auto expect_saved_state = [&](const std::string& what) {
+    auto now = s.lightning_module_state_dict();
+    for (size_t i = 0; i < saved.size(); ++i) {
+      if (!now[i].second.equal(saved[i].second)) throw std::runtime_error(what + ": " + now[i].first);
+    }
+  };
+  // An existing empty directory; then the same directory again.
+  const std::string empty = out + "/empty";
+  if (rank0) fs::create_directories(empty);
+  s.barrier();
+  s.check_checkpoint_target(empty);
+  s.save_checkpoint(empty);
+  s.save_checkpoint(empty);
+  if (listing(empty) != want) throw std::runtime_error("layout of " + format + ": " + listing(empty));
+  s.load_checkpoint(empty);
+  expect_saved_state("load from an empty directory");
+  // A directory holding a checkpoint of the other format is replaced.
+  const std::string other = out + "/other";
+  if (format == "full") {
+    checkpoint::SaveShardedCheckpoint(other, *module->module(), &s.optimizer(), *s.world(), {});
+  } else {
+    checkpoint::SaveFullCheckpoint(other, *module->module(), &s.optimizer(), *s.world(), {});
+  }
+  s.check_checkpoint_target(other);
+  s.save_checkpoint(other);
+  if (listing(other) != want) throw std::runtime_error("replaced: " + listing(other));
+  // A new directory under new parents.
+  const std::string fresh = out + "/a/b/fresh";
+  s.check_checkpoint_target(fresh);
+  if (fs::exists(out + "/a")) throw std::runtime_error("the check created directories");
+  s.save_checkpoint(fresh);
+  s.load_checkpoint(fresh);
+  expect_saved_state("load from a new directory");
+  if (format == "full") {  // an earlier fsdp2's single file still loads
+    const std::string single = out + "/single.safetensors";
+    if (rank0) fs::copy_file(fresh + "/checkpoint.safetensors", single);
+    s.barrier();
+    s.load_checkpoint(single);
+    expect_saved_state("load from a single file");
+    s.remove_checkpoint(single);
+    if (fs::exists(single)) throw std::runtime_error("single-file checkpoint not removed");
+  }
+  // Bad targets: refused on every rank, the foreign files untouched.
+  const std::string file = out + "/a_file", foreign = out + "/foreign";
+  if (rank0) {
+    std::ofstream(file) << "mine";
+    fs::create_directories(foreign);
+    std::ofstream(foreign + "/notes.txt") << "mine";
+  }
+  s.barrier();
+  auto expect_refused = [&](const std::string& target, const std::string& text) {
+    for (int how = 0; how < 3; ++how) {
+      try {
+        if (how == 0) {
+          s.check_checkpoint_target(target);
+        } else if (how == 1) {
+          s.save_checkpoint(target);
+        } else {  // Trainer::fit, before its first step
+          strategy::TrainerOptions t;
+          t.max_steps = s.current_epoch_step().step + 2;
+          t.checkpoint_every_n_steps = 1;
+          t.checkpoint_dir = target;
+          t.progress_bar = 0;
+          t.log_every_n_steps = 1000;
+          auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+          const int64_t before = s.current_epoch_step().step;
+          strategy::Trainer trainer(s, t);
+          try {
+            trainer.fit(loader);
+          } catch (...) {
+            if (s.current_epoch_step().step != before || !trainer.history().empty()) {
+              throw std::runtime_error("Trainer::fit trained before refusing " + target);
+            }
+            throw;
+          }
+        }
+      } catch (const std::runtime_error& e) {
+        const std::string msg = e.what();
+        if (rank0 && msg.find(text) == std::string::npos) {
+          throw std::runtime_error("error '" + msg + "' lacks '" + text + "'");
+        }
+        continue;
+      }
+      throw std::runtime_error(target + " should be refused with '" + text + "'");
+    }
+  };
+  expect_refused(file, "exists and is a file");
+  expect_refused(file + "/ckpt", "is a file, not a directory");
+  expect_refused(foreign, "holds 'notes.txt', which is not part of an fsdp2 checkpoint");
+  expect_refused("/proc/fsdp2_ckpt", "cannot be written");
+  std::string text;
+  std::ifstream(foreign + "/notes.txt") >> text;
+  if (text != "mine" || listing(foreign) != "notes.txt ") throw std::runtime_error("foreign files touched");
+  // Trainer::fit with a good checkpoint_dir saves there itself.
+  strategy::TrainerOptions t;
+  t.max_steps = s.current_epoch_step().step + 1;
+  t.checkpoint_every_n_steps = 1;
+  t.checkpoint_dir = out + "/by_trainer";
+  t.progress_bar = 0;
+  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+  strategy::Trainer(s, t).fit(loader);
+  if (listing(t.checkpoint_dir) != want) throw std::runtime_error("trainer: " + listing(t.checkpoint_dir));
+}
+
+// Reads a whole file.
+std::string Bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// args: FORMAT. A background save, held back until two training steps have
+// run, writes the same bytes as a synchronous save of the same state; the
+// next save waits for it; it loads back as the state at the save.
+FSDP2_SCENARIO(background_save) {
+  namespace fs = std::filesystem;
+  auto options = Options();
+  options.checkpoint_format = args.at(0);
+  strategy::FSDP2Strategy s(options);
+  auto module = Prepare(s);
+  TrainOneStep(s);
+  const bool rank0 = s.world()->rank() == 0;
+  const std::string sync = WorkerOutDir() + "/sync", async = WorkerOutDir() + "/async";
+  s.save_checkpoint(sync);
+  const auto saved = s.lightning_module_state_dict();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int steps_done = 0;
+  checkpoint::BackgroundSaver::SetGateForTesting([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return steps_done >= 2; });
+  });
+  s.save_checkpoint(async, /*async=*/true);
+  if (!s.checkpoint_in_flight()) throw std::runtime_error("the background save is not in flight");
+  // Training goes on while the save waits to be written.
+  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+  for (int i = 1; i <= 2; ++i) {
+    s.backward(s.training_step(loader.batch(i), i));
+    s.optimizer_step();
+    if (!s.checkpoint_in_flight()) throw std::runtime_error("written before the steps ran");
+    std::lock_guard<std::mutex> lock(mu);
+    ++steps_done;
+    cv.notify_all();
+  }
+  // The next save waits for the one in flight.
+  s.save_checkpoint(WorkerOutDir() + "/next", /*async=*/true);
+  if (rank0 && !fs::exists(async)) throw std::runtime_error("the next save did not wait");
+  s.wait_for_checkpoint();
+  checkpoint::BackgroundSaver::SetGateForTesting(nullptr);
+  s.barrier();
+  if (rank0) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(sync)) names.push_back(e.path().filename().string());
+    if (names.empty()) throw std::runtime_error("nothing saved");
+    for (const auto& name : names) {
+      if (Bytes(sync + "/" + name) != Bytes(async + "/" + name)) {
+        throw std::runtime_error(name + " differs between the synchronous and background save");
+      }
+    }
+    size_t async_files = 0;
+    for (const auto& e : fs::directory_iterator(async)) async_files += e.is_regular_file();
+    if (async_files != names.size()) throw std::runtime_error("other files in the background save");
+  }
+  s.load_checkpoint(async);
+  if (s.current_epoch_step().step != 1) throw std::runtime_error("step counter of the save");
+  auto now = s.lightning_module_state_dict();
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (!now[i].second.equal(saved[i].second)) throw std::runtime_error("loaded " + now[i].first);
+  }
+  std::ofstream(WorkerOutDir() + "/steps_during_save" + std::to_string(s.world()->rank()))
+      << steps_done;
+}
+
+TEST(FSDP2Strategy, BackgroundSavesEqualSynchronousOnesWhileTrainingGoesOn) {
+  for (const std::string format : {"sharded", "full"}) {
+    auto r = LaunchScenario("background_save", 2, {format}, std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << format << "\n" << r.Describe();
+    EXPECT_EQ(ReadFile(r.out_dir + "/steps_during_save0"), "2") << format;
+  }
+}
+
+TEST(FSDP2Strategy, CheckpointTargetsAreDirectoriesInBothFormats) {
+  for (const std::string format : {"sharded", "full"}) {
+    auto r = LaunchScenario("checkpoint_targets", 2, {format}, std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << format << "\n" << r.Describe();
+  }
+}
+
+// args: DIR DELAY_MS. Saves the same state to DIR once, then over and over
+// until it kills itself (SIGKILL) DELAY_MS later, whatever it is doing then:
+// no deadline of the harness races with the setup.
 FSDP2_SCENARIO(save_forever) {
   strategy::FSDP2Strategy s(Options());
   Prepare(s);
   TrainOneStep(s);
   s.save_checkpoint(args.at(0));
-  std::ofstream(WorkerOutDir() + "/saved_once").put('1');
+  std::ofstream(WorkerOutDir() + "/saved_once" + std::to_string(s.world()->rank())).put('1');
+  const int delay_ms = std::stoi(args.at(1));
+  std::thread([delay_ms] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    raise(SIGKILL);
+  }).detach();
   for (;;) s.save_checkpoint(args.at(0));
 }
 
@@ -536,12 +764,18 @@ FSDP2_SCENARIO(load_and_dump) {
 TEST(FSDP2Strategy, KilledDuringSaveLeavesALoadableCheckpoint) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/killed";
   std::vector<at::Tensor> first_load;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    // Every rank is SIGKILLed when the time is up, in the middle of a save
-    // (they save back to back).
-    auto r = LaunchScenario("save_forever", 2, {dir}, std::chrono::seconds(6 + attempt));
-    ASSERT_TRUE(r.ranks[0].timed_out) << "the ranks should still be saving\n" << r.Describe();
-    ASSERT_TRUE(std::ifstream(r.out_dir + "/saved_once").good())
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    // Every rank SIGKILLs itself a while after its first save, most likely
+    // in the middle of one (they save back to back); the delays differ so
+    // that the kills land at different points.
+    auto r = LaunchScenario("save_forever", 2, {dir, std::to_string(7 + 23 * attempt)},
+                            std::chrono::seconds(180));
+    for (const auto& rank : r.ranks) {
+      ASSERT_FALSE(rank.timed_out) << r.Describe();
+      ASSERT_EQ(rank.exit_code, 128 + SIGKILL) << "the ranks should be killed\n" << r.Describe();
+    }
+    // Rank 0 returns from a save once the checkpoint is in place.
+    ASSERT_TRUE(std::ifstream(r.out_dir + "/saved_once0").good())
         << "not one save completed before the kill\n" << r.Describe();
     auto loaded = LaunchScenario("load_and_dump", 2, {dir}, std::chrono::seconds(120));
     ASSERT_TRUE(loaded.ok()) << "after a kill mid-save:\n" << loaded.Describe();

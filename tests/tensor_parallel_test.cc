@@ -15,7 +15,8 @@
 //   world, a size that does not divide it, HYBRID_SHARD with tp, heads that
 //   tp does not divide, a model without a plan, uneven layer splits, plan
 //   entries that match nothing or a non-Linear module, TP after FSDP,
-//   checkpoints with tp > 1, wrong shapes in load_model_state_dict.
+//   wrong shapes in load_model_state_dict. (Checkpoints of tensor-parallel
+//   runs: tp_checkpoint_test.)
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -309,12 +310,6 @@ FSDP2_SCENARIO(tp_train) {
     if (name == "blocks.0.attn.qkv.weight") value = value.narrow(0, 0, 24);
   }
   ExpectInvalid("wrong shape", "blocks.0.attn.qkv.weight", [&] { s.load_model_state_dict(wrong); });
-  if (s.tensor_parallel_size() > 1) {
-    ExpectInvalid("checkpoint with tp", "not supported yet",
-                  [&] { s.save_checkpoint(WorkerOutDir() + "/ckpt"); });
-    ExpectInvalid("checkpoint with tp", "not supported yet",
-                  [&] { s.load_checkpoint(WorkerOutDir() + "/ckpt"); });
-  }
   auto loader = s.process_dataloader(Dataset(), kGlobalBatch);
   std::ofstream out(WorkerOutDir() + "/losses" + std::to_string(rank) + ".txt");
   out.precision(17);

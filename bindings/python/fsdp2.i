@@ -158,7 +158,7 @@ FSDP2_OUT_HANDLE(fsdp2_dataloader_t)
 /* ---- scalar out-parameters ---------------------------------------------- */
 %apply int32_t* OUTPUT { int32_t* rank, int32_t* world_size, int32_t* data_parallel_rank,
                          int32_t* data_parallel_size, int32_t* pending, int32_t* exit_code,
-                         int32_t* is_rank };
+                         int32_t* is_rank, int32_t* in_flight, int32_t* restart_count };
 %apply int64_t* OUTPUT { int64_t* count, int64_t* num_tensors, int64_t* num_elements,
                          int64_t* epoch, int64_t* step };
 %apply double* OUTPUT { double* loss };

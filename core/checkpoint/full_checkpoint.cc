@@ -9,7 +9,10 @@
 #include <stdexcept>
 
 #include "core/checkpoint/internal/optimizer_state.h"
+#include "core/checkpoint/internal/param_layout.h"
+#include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/internal/rank0_error.h"
+#include "core/checkpoint/internal/swap.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/fsdp/fully_shard.h"
 
@@ -21,13 +24,23 @@ namespace fs = std::filesystem;
 constexpr const char* kFormat = "fsdp2.full.v1";
 constexpr const char* kOptimPrefix = "optim/";
 
-}  // namespace
+// The safetensors file of a full checkpoint: DIR/checkpoint.safetensors, or
+// PATH itself for a single-file checkpoint of an earlier fsdp2.
+std::string FullFile(const std::string& path) {
+  return DetectCheckpoint(path) == CheckpointLayout::kFullFile
+             ? path
+             : (fs::path(path) / kFullCheckpointFile).string();
+}
 
-void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
-                        torch::optim::Optimizer* optimizer, comm::World& world,
-                        const std::map<std::string, std::string>& progress) {
+// Saves (stage = false: rank 0 streams each gathered tensor to the file) or
+// stages (rank 0 keeps them and the returned PendingWrite writes the file).
+PendingWrite SaveOrStage(const std::string& dir, torch::nn::Module& root,
+                         torch::optim::Optimizer* optimizer, comm::World& world,
+                         const std::map<std::string, std::string>& progress, bool stage) {
   const std::string kind = internal::OptimizerKind(optimizer);
-  const auto shards = fsdp::shard_info(root, world.rank());
+  const auto layouts = internal::ParamLayouts(root, world.rank());
+  std::vector<fsdp::ShardInfo> shards;
+  for (const auto& l : layouts) shards.push_back(l.shard);
   // Optimizer state is saved for a parameter only if every rank has it, so
   // that every rank takes part in the same gathers.
   std::vector<c10::optional<internal::ParamState>> states(shards.size());
@@ -45,43 +58,83 @@ void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
   if (optimizer != nullptr) meta["optimizer_groups"] = internal::GroupOptionsJson(*optimizer, kind);
   for (size_t i = 0; i < shards.size(); ++i) {
     const auto& s = shards[i];
-    specs.push_back({s.name, s.shard.scalar_type(), s.global_shape});
+    const auto& full_shape = layouts[i].full_shape;
+    specs.push_back({s.name, s.shard.scalar_type(), full_shape});
     if (missing[i].item<double>() != 0) states[i].reset();
     if (!states[i]) continue;
     meta["step/" + s.name] = std::to_string(states[i]->step);
     for (const auto& [key, t] : states[i]->tensors) {
-      specs.push_back({kOptimPrefix + key + "/" + s.name, t.scalar_type(), s.global_shape});
+      specs.push_back({kOptimPrefix + key + "/" + s.name, t.scalar_type(), full_shape});
     }
   }
   std::unique_ptr<SafetensorsStreamWriter> writer;
-  std::string error;
+  std::string error, file;
   if (world.rank() == 0) {
     try {
-      writer = std::make_unique<SafetensorsStreamWriter>(path, specs, meta);
+      file = (fs::path(internal::BeginSave(dir)) / kFullCheckpointFile).string();
+      if (!stage) writer = std::make_unique<SafetensorsStreamWriter>(file, specs, meta);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  internal::ShareRank0Error(error, world);
-  for (size_t i = 0; i < shards.size(); ++i) {
-    at::Tensor full = fsdp::gather_rows(shards[i], shards[i].shard);
+  internal::ShareRank0Error(error, world, dir + ": rank 0 cannot save a checkpoint there");
+  std::vector<at::Tensor> staged;  // rank 0, when staging
+  auto consume = [&](const at::Tensor& full) {
     if (writer) writer->write(full);
+    if (stage && world.rank() == 0) staged.push_back(full);
+  };
+  for (size_t i = 0; i < shards.size(); ++i) {
+    consume(internal::GatherFull(layouts[i], shards[i].shard));
     if (!states[i]) continue;
     for (const auto& item : states[i]->tensors) {
-      at::Tensor state = fsdp::gather_rows(shards[i], item.second);
-      if (writer) writer->write(state);
+      consume(internal::GatherFull(layouts[i], item.second));
     }
   }
-  if (writer) writer->commit();
+  if (writer) {
+    writer->commit();
+    internal::CommitSave(dir);
+  }
+  if (!stage) return nullptr;
+  if (world.rank() != 0) return [] {};
+  return [dir, file, specs = std::move(specs), meta = std::move(meta),
+          staged = std::move(staged)] {
+    SafetensorsStreamWriter w(file, specs, meta);
+    for (const auto& t : staged) w.write(t);
+    w.commit();
+    internal::CommitSave(dir);
+  };
+}
+
+}  // namespace
+
+void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
+                        torch::optim::Optimizer* optimizer, comm::World& world,
+                        const std::map<std::string, std::string>& progress) {
+  SaveOrStage(dir, root, optimizer, world, progress, /*stage=*/false);
   world.group()->barrier().wait();
 }
 
-std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
+PendingWrite StageFullCheckpoint(const std::string& dir, torch::nn::Module& root,
+                                 torch::optim::Optimizer* optimizer, comm::World& world,
+                                 const std::map<std::string, std::string>& progress) {
+  return SaveOrStage(dir, root, optimizer, world, progress, /*stage=*/true);
+}
+
+std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
                                                       torch::nn::Module& root,
                                                       torch::optim::Optimizer* optimizer,
                                                       comm::World& world) {
+  if (world.rank() == 0) internal::RecoverInterruptedSwap(target);
+  world.group()->barrier().wait();
+  const std::string path = FullFile(target);
   // Rank 0 checks the whole file first: format, names, shapes, checksums.
-  const auto shards = fsdp::shard_info(root, world.rank());
+  const auto layouts = internal::ParamLayouts(root, world.rank());
+  std::vector<fsdp::ShardInfo> shards;
+  std::map<std::string, const internal::ParamLayout*> layout_of;
+  for (const auto& l : layouts) {
+    shards.push_back(l.shard);
+    layout_of[l.shard.name] = &l;
+  }
   const std::string kind = internal::OptimizerKind(optimizer);
   std::string error;
   if (world.rank() == 0) {
@@ -102,10 +155,11 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
                                    c10::toString(f.info(s.name).dtype) + " but the model's is " +
                                    c10::toString(s.shard.scalar_type()));
         }
-        if (f.info(s.name).shape != s.global_shape) {
+        const auto& full_shape = layout_of.at(s.name)->full_shape;
+        if (f.info(s.name).shape != full_shape) {
           throw IoError(path + ": parameter '" + s.name + "' has shape " +
                                    c10::str(at::IntArrayRef(f.info(s.name).shape)) +
-                                   " but the model's is " + c10::str(at::IntArrayRef(s.global_shape)));
+                                   " but the model's is " + c10::str(at::IntArrayRef(full_shape)));
         }
       }
       for (const auto& [name, info] : f.tensors()) {
@@ -128,6 +182,8 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
   SafetensorsFile f(path);
   // This rank's rows of a tensor (a 0-d parameter is one row of one element).
   auto rows = [&](const std::string& name, const fsdp::ShardInfo& s) {
+    const internal::ParamLayout& l = *layout_of.at(s.name);
+    if (l.tp) return internal::LocalOfFull(l, f.load(name));  // TP: this rank's block
     at::Tensor local = s.global_shape.empty()
                            ? f.load(name).reshape({1}).narrow(0, s.row_start, s.local_rows)
                            : f.load_rows(name, s.row_start, s.local_rows);
@@ -166,17 +222,20 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& path,
       .get<std::map<std::string, std::string>>();
 }
 
-void RemoveFullCheckpoint(const std::string& path, comm::World& world) {
+void RemoveFullCheckpoint(const std::string& target, comm::World& world) {
   world.group()->barrier().wait();
   std::string error;
   if (world.rank() == 0) {
+    const std::string path = FullFile(target);
     try {
       SafetensorsFile f(path);
       auto format = f.metadata().find("fsdp2.checkpoint");
       if (format == f.metadata().end() || format->second != kFormat) throw IoError("");
       fs::remove(path);
+      std::error_code ec;
+      if (path != target) fs::remove(target, ec);  // only if nothing else is left in it
     } catch (const std::exception&) {
-      error = path + ": not an fsdp2 checkpoint; refusing to remove it";
+      error = target + ": not an fsdp2 checkpoint; refusing to remove it";
     }
   }
   internal::ShareRank0Error(error, world);

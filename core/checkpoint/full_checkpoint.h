@@ -1,11 +1,13 @@
 // fsdp2/core/checkpoint/full_checkpoint.h
 //
-// Full checkpoints: one safetensors file, written by rank 0, holding every
+// Full checkpoints: a directory (see checkpoint_dir.h) holding one
+// safetensors file, checkpoint.safetensors, written by rank 0, holding every
 // parameter unsharded under its own name (a plain model state dict that any
 // safetensors reader loads) and the optimizer state as "optim/<key>/<name>",
 // with the optimizer kind, per-parameter steps and progress in metadata.
 // Tensors are gathered and streamed one at a time, so rank 0 never holds
-// more than one full tensor beyond its shards. The file appears atomically.
+// more than one full tensor beyond its shards. The directory is swapped in
+// atomically, as a sharded one is.
 // Loading works on any number of ranks; rank 0 verifies every checksum
 // first, then each rank reads only its rows.
 //
@@ -19,23 +21,33 @@
 #include <map>
 #include <string>
 
+#include "core/checkpoint/background_saver.h"
 #include "core/comm/world.h"
 
 namespace fsdp2 {
 namespace checkpoint {
 
-void SaveFullCheckpoint(const std::string& path, torch::nn::Module& root,
+void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
                         torch::optim::Optimizer* optimizer, comm::World& world,
                         const std::map<std::string, std::string>& progress);
 
-// Throws std::runtime_error naming the file or parameter on any mismatch or
+// The same in two parts, for background saves (background_saver.h): the
+// gathers run now and rank 0 keeps every full tensor (the whole model and
+// optimizer state in its memory); the returned PendingWrite (a no-op on other
+// ranks) writes the file and swaps the directory in.
+PendingWrite StageFullCheckpoint(const std::string& dir, torch::nn::Module& root,
+                                 torch::optim::Optimizer* optimizer, comm::World& world,
+                                 const std::map<std::string, std::string>& progress);
+
+// Loads DIR (or a single-file checkpoint of an earlier fsdp2). Throws
+// std::runtime_error naming the file or parameter on any mismatch or
 // corruption; the model is then unchanged.
 std::map<std::string, std::string> LoadFullCheckpoint(
     const std::string& path, torch::nn::Module& root,
     torch::optim::Optimizer* optimizer, comm::World& world);
 
-// Rank 0 deletes `path` after a barrier if it is a full checkpoint; refuses
-// (std::runtime_error) anything else.
+// Rank 0 deletes the checkpoint at `path` (DIR or an earlier single file)
+// after a barrier; refuses (std::runtime_error) anything else.
 void RemoveFullCheckpoint(const std::string& path, comm::World& world);
 
 }  // namespace checkpoint

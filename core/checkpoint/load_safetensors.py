@@ -1,4 +1,5 @@
-"""Reads a safetensors file (an fsdp2 checkpoint) with json, struct and numpy.
+"""Reads and writes safetensors files (fsdp2 checkpoints, PyTorch state
+dicts) with json, struct and numpy: no safetensors package needed.
 
 These are the lines the README shows; //core/checkpoint:python_interop_test
 and //tests:strategy_test run them.
@@ -18,7 +19,33 @@ def load_safetensors(path):
               "I64": np.int64, "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
     return {name: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]],
                                 dtype=dtypes[e["dtype"]]).reshape(e["shape"])
-            for name, e in header.items() if name != "__metadata__"}, header["__metadata__"]
+            for name, e in header.items() if name != "__metadata__"}, header.get("__metadata__", {})
+
+
+def save_safetensors(path, tensors, metadata=None):
+    """Writes {name: numpy array (or torch tensor)} as a safetensors file."""
+    codes = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32",
+             np.dtype(np.float16): "F16", np.dtype(np.int64): "I64",
+             np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
+    header, blobs, offset = {}, [], 0
+    for name, value in tensors.items():
+        if hasattr(value, "detach"):  # a torch tensor
+            value = value.detach().cpu().numpy()
+        a = np.ascontiguousarray(value)
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": codes[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for data in blobs:
+            f.write(data)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "core/checkpoint/internal/optimizer_state.h"
+#include "core/checkpoint/internal/param_layout.h"
 #include "core/checkpoint/internal/rank0_error.h"
+#include "core/checkpoint/internal/swap.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/fsdp/fully_shard.h"
 
@@ -22,17 +26,10 @@ namespace fs = std::filesystem;
 using internal::GetState;
 using internal::OptimizerKind;
 using internal::ParamState;
+using internal::RecoverInterruptedSwap;
 using internal::RowNumel;
 using internal::SetState;
 constexpr const char* kFormat = "fsdp2.sharded.v1";
-
-// A save swaps directories in two renames (DIR -> DIR.old, DIR.tmp -> DIR).
-// A crash between them leaves the previous checkpoint as DIR.old only: put
-// it back.
-void RecoverInterruptedSwap(const std::string& dir) {
-  const std::string old = dir + ".old";
-  if (!fs::exists(dir) && fs::is_directory(old)) fs::rename(old, dir);
-}
 
 std::string ShardFile(int rank, int world) {
   return "rank" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
@@ -48,38 +45,76 @@ at::Tensor AsRows(const at::Tensor& t, const fsdp::ShardInfo& s) {
 void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
                            torch::optim::Optimizer* optimizer, comm::World& world,
                            const std::map<std::string, std::string>& progress) {
+  StageShardedCheckpoint(dir, root, optimizer, world, progress)();
+  world.group()->barrier().wait();
+}
+
+PendingWrite StageShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
+                                    torch::optim::Optimizer* optimizer, comm::World& world,
+                                    const std::map<std::string, std::string>& progress,
+                                    std::chrono::milliseconds wait_for_ranks) {
   const std::string kind = OptimizerKind(optimizer);
   const std::string tmp = dir + ".tmp";
-  const auto shards = fsdp::shard_info(root, world.rank());
+  const auto layouts = internal::ParamLayouts(root, world.rank());
+  std::string error;
   if (world.rank() == 0) {
-    RecoverInterruptedSwap(dir);
-    if (fs::exists(dir) && !fs::is_directory(dir)) {
-      throw IoError(dir + ": exists and is not a directory");
+    try {
+      internal::BeginSave(dir);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    fs::remove_all(tmp);  // a save that died before
-    fs::create_directories(tmp);
   }
-  world.group()->barrier().wait();
+  internal::ShareRank0Error(error, world, dir + ": rank 0 cannot save a checkpoint there");
+
+  // Optimizer state is saved for a parameter only if every rank has it:
+  // tensor-parallel parameters are gathered, and every rank must take part.
+  std::vector<c10::optional<ParamState>> states(layouts.size());
+  at::Tensor missing = at::zeros({static_cast<int64_t>(layouts.size()) + 1}, at::kDouble);
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (optimizer) states[i] = GetState(*optimizer, layouts[i].shard.shard);
+    missing[i] = states[i].has_value() ? 0.0 : 1.0;
+  }
+  world.group()->all_reduce(missing, comm::ReduceOp::kMax).wait();
 
   NamedTensors tensors;
   std::map<std::string, std::string> meta;
-  for (const auto& s : shards) {
-    if (!s.primary) continue;
-    tensors.emplace_back("model/" + s.name, AsRows(s.shard, s).clone());
-    meta["row_start/" + s.name] = std::to_string(s.row_start);
-    if (optimizer == nullptr) continue;
-    if (auto st = GetState(*optimizer, s.shard)) {
-      meta["step/" + s.name] = std::to_string(st->step);
-      for (const auto& [key, t] : st->tensors) {
-        tensors.emplace_back("optim/" + key + "/" + s.name, AsRows(t, s).clone());
-      }
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const auto& l = layouts[i];
+    const auto& s = l.shard;
+    if (missing[i].item<double>() != 0) states[i].reset();
+    // Rows of the full parameter this rank writes, as [rows, row_numel]:
+    // its FSDP rows, or for a tensor-parallel parameter (gathered whole) an
+    // even share of the full rows, so that the file holds every parameter
+    // under its own name and full shape whatever the (dp, tp) layout.
+    std::function<at::Tensor(const at::Tensor&)> rows;
+    int64_t row_start = s.row_start;
+    if (l.tp) {
+      const int64_t full_rows = l.full_shape.empty() ? 1 : l.full_shape[0];
+      const int64_t per_rank = (full_rows + world.size() - 1) / world.size();
+      row_start = std::min(full_rows, per_rank * world.rank());
+      const int64_t n = std::min(full_rows - row_start, per_rank);
+      rows = [&l, row_start, n, full_rows](const at::Tensor& local) {
+        at::Tensor full = internal::GatherFull(l, local);  // collective
+        return full.reshape({full_rows, RowNumel(l.full_shape)}).narrow(0, row_start, n).clone();
+      };
+    } else if (l.writes_rows) {
+      rows = [&s](const at::Tensor& local) { return AsRows(local, s).clone(); };
+    }
+    at::Tensor param = rows ? rows(s.shard) : at::Tensor();
+    const bool write = param.defined() && param.size(0) > 0;
+    if (write) {
+      tensors.emplace_back("model/" + s.name, param);
+      meta["row_start/" + s.name] = std::to_string(row_start);
+    }
+    if (!states[i]) continue;
+    if (write) meta["step/" + s.name] = std::to_string(states[i]->step);
+    for (const auto& [key, t] : states[i]->tensors) {
+      at::Tensor state = rows ? rows(t) : at::Tensor();
+      if (write) tensors.emplace_back("optim/" + key + "/" + s.name, state);
     }
   }
-  WriteSafetensors(tmp + "/" + ShardFile(world.rank(), world.size()), tensors, meta);
-  world.group()->barrier().wait();  // every shard is on disk
-
+  nlohmann::json m;
   if (world.rank() == 0) {
-    nlohmann::json m;
     m["format"] = kFormat;
     m["world_size"] = world.size();
     m["optimizer"] = kind;
@@ -87,9 +122,30 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
     if (optimizer != nullptr) {
       m["optimizer_groups"] = nlohmann::json::parse(internal::GroupOptionsJson(*optimizer, kind));
     }
+    for (const auto& l : layouts) {
+      m["params"][l.shard.name] = {{"shape", l.full_shape},
+                                   {"dtype", c10::toString(l.shard.shard.scalar_type())}};
+    }
+  }
+  // What is left writes files only: no collective, any thread.
+  const int rank = world.rank(), n = world.size();
+  return [dir, tmp, tensors = std::move(tensors), meta = std::move(meta), m = std::move(m), rank,
+          n, wait_for_ranks]() mutable {
+    WriteSafetensors(tmp + "/" + ShardFile(rank, n), tensors, meta);
+    if (rank != 0) return;
+    // Every rank's file appears (atomically) once it is complete.
+    const auto deadline = std::chrono::steady_clock::now() + wait_for_ranks;
+    for (int r = 0; r < n; ++r) {
+      while (!fs::exists(tmp + "/" + ShardFile(r, n))) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          throw IoError(dir + ": rank " + std::to_string(r) + " did not write its shard file");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
     // Which rows of which parameter each file holds.
-    for (int r = 0; r < world.size(); ++r) {
-      const std::string file = ShardFile(r, world.size());
+    for (int r = 0; r < n; ++r) {
+      const std::string file = ShardFile(r, n);
       SafetensorsFile f(tmp + "/" + file);
       m["files"][file] = nlohmann::json::object();
       for (const auto& [name, info] : f.tensors()) {
@@ -99,19 +155,10 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
                                    info.shape.empty() ? 1 : info.shape[0]};
       }
     }
-    for (const auto& s : shards) {
-      m["params"][s.name] = {{"shape", s.global_shape},
-                             {"dtype", c10::toString(s.shard.scalar_type())}};
-    }
     WriteFileAtomically(tmp + "/metadata.json", m.dump(2));
     // Swap in the complete directory; a crash before this leaves DIR as it was.
-    const std::string old = dir + ".old";
-    fs::remove_all(old);
-    if (fs::exists(dir)) fs::rename(dir, old);
-    fs::rename(tmp, dir);
-    fs::remove_all(old);
-  }
-  world.group()->barrier().wait();
+    internal::CommitSave(dir);
+  };
 }
 
 std::map<std::string, std::string> LoadShardedCheckpoint(
@@ -186,10 +233,12 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
                                              : corrupt);
   }
   // Everything is read and checked before anything is written.
-  auto assemble = [&](const std::string& key, const fsdp::ShardInfo& s) -> at::Tensor {
-    const int64_t row_start = s.row_start, rows = s.local_rows;
-    const int64_t width = RowNumel(s.global_shape);
-    at::Tensor out = at::empty({rows, width}, s.shard.options());
+  // Rows [row_start, row_start + rows) of a full tensor, as [rows, width].
+  auto read_rows = [&](const std::string& key, int64_t row_start, int64_t rows,
+                       const std::vector<int64_t>& full_shape,
+                       const at::TensorOptions& options) -> at::Tensor {
+    const int64_t width = RowNumel(full_shape);
+    at::Tensor out = at::empty({rows, width}, options);
     int64_t covered = 0;
     for (const auto& piece : pieces[key]) {
       const int64_t lo = std::max(row_start, piece.row_start);
@@ -207,34 +256,50 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
     if (covered != rows) {
       throw IoError(dir + ": rows of '" + key + "' are missing from the shard files");
     }
-    return out.view(s.shard.sizes());
+    return out;
   };
-  const auto shards = fsdp::shard_info(root, world.rank());
+  const auto layouts = internal::ParamLayouts(root, world.rank());
+  std::vector<fsdp::ShardInfo> shards;
+  for (const auto& l : layouts) shards.push_back(l.shard);
+  // This rank's shard of a tensor: its FSDP rows, or for a tensor-parallel
+  // parameter its block of the whole tensor.
+  auto assemble = [&](const std::string& key, size_t i) -> at::Tensor {
+    const auto& l = layouts[i];
+    const auto& s = l.shard;
+    if (l.tp) {
+      const int64_t full_rows = l.full_shape.empty() ? 1 : l.full_shape[0];
+      return internal::LocalOfFull(
+          l, read_rows(key, 0, full_rows, l.full_shape, s.shard.options()).view(l.full_shape));
+    }
+    return read_rows(key, s.row_start, s.local_rows, l.full_shape, s.shard.options())
+        .view(s.shard.sizes());
+  };
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
   std::vector<std::pair<const fsdp::ShardInfo*, ParamState>> states;
-  for (const auto& s : shards) {
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto& s = shards[i];
     if (!m["params"].contains(s.name)) {
       throw IoError(dir + ": has no parameter '" + s.name + "'");
     }
     const auto shape = m["params"][s.name]["shape"].get<std::vector<int64_t>>();
-    if (shape != s.global_shape) {
+    if (shape != layouts[i].full_shape) {
       throw IoError(dir + ": parameter '" + s.name + "' has shape " +
                                c10::str(at::IntArrayRef(shape)) + " but the model's is " +
-                               c10::str(at::IntArrayRef(s.global_shape)));
+                               c10::str(at::IntArrayRef(layouts[i].full_shape)));
     }
     const std::string dtype = m["params"][s.name].value("dtype", "");
     if (dtype != c10::toString(s.shard.scalar_type())) {
       throw IoError(dir + ": parameter '" + s.name + "' is " + dtype +
                                " but the model's is " + c10::toString(s.shard.scalar_type()));
     }
-    copies.emplace_back(s.shard, assemble("model/" + s.name, s));
+    copies.emplace_back(s.shard, assemble("model/" + s.name, i));
     if (optimizer == nullptr || !steps.count(s.name)) continue;
     ParamState st;
     st.step = steps[s.name];
     for (const auto& key : internal::StateKeys()) {
       const std::string name = "optim/" + key + "/" + s.name;
       if (pieces.count(name)) {
-        st.tensors[key] = assemble(name, s);
+        st.tensors[key] = assemble(name, i);
       }
     }
     states.emplace_back(&s, std::move(st));

@@ -28,9 +28,11 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <chrono>
 #include <map>
 #include <string>
 
+#include "core/checkpoint/background_saver.h"
 #include "core/comm/world.h"
 
 namespace fsdp2 {
@@ -43,6 +45,16 @@ void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
                            torch::optim::Optimizer* optimizer,
                            comm::World& world,
                            const std::map<std::string, std::string>& progress);
+
+// The same in two parts, for background saves (background_saver.h): the
+// collective part runs now and stages this rank's tensors (copies); the
+// returned PendingWrite writes this rank's file and, on rank 0, waits up to
+// `wait_for_ranks` for the others' files, writes metadata.json and swaps the
+// directory in. Every rank must run its PendingWrite.
+PendingWrite StageShardedCheckpoint(
+    const std::string& dir, torch::nn::Module& root, torch::optim::Optimizer* optimizer,
+    comm::World& world, const std::map<std::string, std::string>& progress,
+    std::chrono::milliseconds wait_for_ranks = std::chrono::minutes(30));
 
 // Loads `dir` into the live sharded model and optimizer (which must be of
 // the saved kind) on any number of ranks. Returns the saved progress. Throws

@@ -138,7 +138,15 @@ int ExitCode(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+int RunRanksOnce(int n, const std::vector<std::string>& argv,
+                 const std::map<std::string, std::string>& base);
+
 }  // namespace
+
+int RestartCount() {
+  const char* count = std::getenv(kRestartCountEnv);
+  return count ? std::atoi(count) : 0;
+}
 
 int LaunchLocal(const LocalLaunchOptions& options) {
   const int n = options.nproc;
@@ -155,10 +163,28 @@ int LaunchLocal(const LocalLaunchOptions& options) {
   base["OMP_NUM_THREADS"] = std::to_string(threads);
   base["FSDP2_THREADS"] = std::to_string(threads);
   base["MASTER_ADDR"] = "127.0.0.1";
-  base["MASTER_PORT"] = std::to_string(FindFreePort());
   base["WORLD_SIZE"] = std::to_string(n);
   base["LOCAL_WORLD_SIZE"] = std::to_string(n);
   for (const auto& kv : options.env) base[kv.first] = kv.second;
+  if (options.max_restarts < 0) {
+    throw InvalidArgumentError("--max-restarts must be 0 or more (got " +
+                               std::to_string(options.max_restarts) + ")");
+  }
+  for (int restart = 0;; ++restart) {
+    base["MASTER_PORT"] = std::to_string(FindFreePort());
+    base[kRestartCountEnv] = std::to_string(restart);
+    const int code = RunRanksOnce(n, options.argv, base);
+    if (code == 0 || restart >= options.max_restarts) return code;
+    std::cerr << "fsdp2 launcher: restarting all " << n << " ranks (restart " << restart + 1
+              << " of at most " << options.max_restarts << ")\n";
+  }
+}
+
+namespace {
+
+// One run of every rank; see LaunchLocal.
+int RunRanksOnce(int n, const std::vector<std::string>& argv,
+                 const std::map<std::string, std::string>& base) {
 
   std::vector<pid_t> pids(n);
   std::vector<int> fds(n);
@@ -169,7 +195,7 @@ int LaunchLocal(const LocalLaunchOptions& options) {
     int pipe_fds[2];
     if (pipe(pipe_fds) != 0) throw std::runtime_error("pipe() failed");
     fcntl(pipe_fds[0], F_SETFD, FD_CLOEXEC);
-    pids[rank] = SpawnSelf(options.argv, env, pipe_fds[1]);
+    pids[rank] = SpawnSelf(argv, env, pipe_fds[1]);
     close(pipe_fds[1]);
     fds[rank] = pipe_fds[0];
   }
@@ -239,6 +265,8 @@ int LaunchLocal(const LocalLaunchOptions& options) {
   reap(/*block=*/true);
   return first_failure;
 }
+
+}  // namespace
 
 }  // namespace launch
 }  // namespace fsdp2

@@ -27,12 +27,23 @@ struct LocalLaunchOptions {
   std::vector<std::string> argv;
   int threads_per_rank = 0;  // 0: cores / nproc, at least 1
   std::map<std::string, std::string> env;  // extra variables for every rank
+  // When a rank fails, all ranks are stopped and, up to this many times,
+  // started again (FSDP2_RESTART_COUNT tells them which run they are: 0
+  // first). A program resumes from its newest complete checkpoint on a
+  // restart (see checkpoint::NewestCheckpoint); the main job does.
+  int max_restarts = 0;
 };
 
+// The variable LaunchLocal sets to the restart count, and its value in this
+// process (0 when unset).
+constexpr const char* kRestartCountEnv = "FSDP2_RESTART_COUNT";
+int RestartCount();
+
 // Launches the ranks and waits for them. Returns 0 if every rank exited 0;
-// otherwise the first failing rank's exit code (128 + signal if killed),
-// after printing "fsdp2 launcher: rank R failed (...)" to stderr.
-// Throws std::invalid_argument if nproc < 1.
+// otherwise (after max_restarts restarts) the first failing rank's exit
+// code (128 + signal if killed), after printing "fsdp2 launcher: rank R
+// failed (...)" to stderr. Throws std::invalid_argument if nproc < 1 or
+// max_restarts < 0.
 int LaunchLocal(const LocalLaunchOptions& options);
 
 // True in a process started by LaunchLocal (or any launcher that set RANK).

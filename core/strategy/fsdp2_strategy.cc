@@ -3,8 +3,6 @@
 
 #include <filesystem>
 
-#include "core/checkpoint/full_checkpoint.h"
-#include "core/checkpoint/sharded_checkpoint.h"
 #include "core/launch/local_launcher.h"
 #include "core/tp/clip_grad.h"
 #include "core/tp/parallelize.h"
@@ -459,54 +457,6 @@ void FSDP2Strategy::load_model_state_dict(
                              tp::local_state_dict(*module_->module(), state), strict);
 }
 
-void FSDP2Strategy::refuse_tensor_parallel_checkpoint(const char* what) const {
-  if (tp_size_ > 1) {
-    throw InvalidArgumentError(
-        std::string("FSDP2Strategy::") + what + ": checkpoints with "
-        "tensor_parallel_size " + std::to_string(tp_size_) + " are not "
-        "supported yet (the checkpoint formats hold FSDP row shards only); "
-        "use tensor_parallel_size = 1, or save and load the model with "
-        "lightning_module_state_dict() / load_model_state_dict()");
-  }
-}
-
-void FSDP2Strategy::save_checkpoint(const std::string& path) {
-  require_optimizer("save_checkpoint");
-  refuse_tensor_parallel_checkpoint("save_checkpoint");
-  const std::map<std::string, std::string> progress = {
-      {"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}};
-  if (options_.checkpoint_format == "full") {
-    checkpoint::SaveFullCheckpoint(path, *module_->module(), optimizer_.get(), *world_, progress);
-  } else {
-    checkpoint::SaveShardedCheckpoint(path, *module_->module(), optimizer_.get(), *world_,
-                                      progress);
-  }
-}
-
-void FSDP2Strategy::load_checkpoint(const std::string& path) {
-  require_optimizer("load_checkpoint");
-  refuse_tensor_parallel_checkpoint("load_checkpoint");
-  // Sharded checkpoints are directories (possibly mid-swap: DIR.old).
-  const bool sharded = std::filesystem::is_directory(path) ||
-                       std::filesystem::is_directory(path + ".old") ||
-                       !std::filesystem::exists(path);
-  auto progress =
-      sharded ? checkpoint::LoadShardedCheckpoint(path, *module_->module(), optimizer_.get(), *world_)
-              : checkpoint::LoadFullCheckpoint(path, *module_->module(), optimizer_.get(), *world_);
-  pending_optimizer_state_.reset();  // the checkpoint's state wins
-  epoch_ = progress.count("epoch") ? std::stoll(progress["epoch"]) : 0;
-  global_step_ = progress.count("global_step") ? std::stoll(progress["global_step"]) : 0;
-}
-
-void FSDP2Strategy::remove_checkpoint(const std::string& path) {
-  require(true, false, "remove_checkpoint");
-  if (std::filesystem::is_regular_file(path)) {
-    checkpoint::RemoveFullCheckpoint(path, *world_);
-  } else {
-    checkpoint::RemoveCheckpoint(path, *world_);
-  }
-}
-
 void FSDP2Strategy::barrier() {
   require(true, false, "barrier");
   world_->group()->barrier().wait();
@@ -528,6 +478,7 @@ at::Tensor FSDP2Strategy::reduce(const at::Tensor& tensor, bool mean) {
 }
 
 void FSDP2Strategy::teardown() {
+  wait_for_checkpoint();
   optimizer_.reset();
   pending_optimizer_state_.reset();
 }

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/checkpoint/background_saver.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/deferred_init.h"
@@ -121,8 +122,10 @@ struct FSDP2StrategyOptions {
   bool cpu_offload = false;
   std::string backend = "gloo";
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // save_checkpoint's format: "sharded" (a directory, every rank writes its
-  // rows) or "full" (one safetensors file written by rank 0).
+  // save_checkpoint's format; the target is a directory in both:
+  // "sharded" (every rank writes its rows: DIR/rank<r>-of-<N>.safetensors
+  // and DIR/metadata.json) or "full" (rank 0 writes one safetensors file,
+  // DIR/checkpoint.safetensors). See core/checkpoint/checkpoint_dir.h.
   std::string checkpoint_format = "sharded";
   uint64_t seed = 0;  // torch::manual_seed on every rank in setup_environment
   ParallelizeFn parallelize_fn;  // empty: DefaultParallelize
@@ -219,17 +222,42 @@ class FSDP2Strategy {
   void load_model_state_dict(
       const std::vector<std::pair<std::string, at::Tensor>>& state,
       bool strict = true);
+  // The same from a safetensors file of full tensors by name: a PyTorch
+  // model's state_dict() saved as safetensors, or a full checkpoint (its
+  // directory or file; its optimizer entries are skipped). Values are
+  // converted to the parameters' dtypes. Throws IoError for an unreadable
+  // file, InvalidArgumentError for names or shapes that do not match.
+  void load_model_state_dict(const std::string& safetensors_path, bool strict = true);
 
   // Model, optimizer and step counters, written atomically in
-  // options().checkpoint_format (see core/checkpoint/*_checkpoint.h).
-  // With tensor_parallel_size > 1 both refuse (std::invalid_argument): the
-  // checkpoint formats describe FSDP's row shards only. Save the model with
-  // lightning_module_state_dict() (full tensors) meanwhile.
-  void save_checkpoint(const std::string& path);
-  // Loads a checkpoint of either format (a directory is sharded, a file
-  // full) saved on any number of ranks into the parallelized model and
-  // optimizer, and restores the epoch and step counters.
+  // options().checkpoint_format (see core/checkpoint/*_checkpoint.h). Every
+  // parameter and its optimizer state are stored under their original names
+  // and full shapes, whatever the (dp, tp) layout, so a checkpoint loads on
+  // any other layout and number of ranks.
+  //
+  // With `async`, a background save: the collective part (target check,
+  // gathers) runs now and copies this rank's tensors to a staging buffer,
+  // then a background thread writes the files while training continues,
+  // still atomically (DIR.tmp, then a swap). At most one is in flight: the
+  // next save, load_checkpoint, remove_checkpoint and teardown wait for it.
+  // An error of the background write is thrown by the next of those calls or
+  // by wait_for_checkpoint().
+  void save_checkpoint(const std::string& path, bool async = false);
+  // Waits until this rank's part of a background save is written (rank 0:
+  // the checkpoint is complete and in place); rethrows its error.
+  void wait_for_checkpoint();
+  // Whether this rank is still writing a background save.
+  bool checkpoint_in_flight() const;
+  // Loads a checkpoint directory of either format (or a single-file full
+  // checkpoint of an earlier fsdp2) saved on any number of ranks into the
+  // parallelized model and optimizer, and restores the epoch and step
+  // counters.
   void load_checkpoint(const std::string& path);
+  // Throws IoError, on every rank, unless save_checkpoint(path) can write
+  // there: a new (creatable, writable) or empty directory, or one holding an
+  // earlier checkpoint. Call before training so that a bad target costs no
+  // training (Trainer::fit does for TrainerOptions::checkpoint_dir).
+  void check_checkpoint_target(const std::string& path);
   // Deletes a checkpoint this strategy wrote (rank 0, after a barrier);
   // refuses other paths.
   void remove_checkpoint(const std::string& path);
@@ -286,7 +314,6 @@ class FSDP2Strategy {
   // As require(true, true, what), and the optimizer is still there (no
   // teardown() since).
   void require_optimizer(const char* what) const;
-  void refuse_tensor_parallel_checkpoint(const char* what) const;
   at::Tensor apply_loss_reduction(StepType step, const Batch& batch,
                                   at::Tensor output);
   at::Tensor evaluation_step(StepType step, const Batch& batch, int64_t idx);
@@ -300,6 +327,7 @@ class FSDP2Strategy {
   int tp_size_ = 0;
   std::shared_ptr<TrainingModule> module_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<checkpoint::BackgroundSaver> saver_;  // background saves
   bool parallelized_ = false;
   std::vector<ParameterInfo> parameter_infos_;
   std::vector<std::string> checkpointed_modules_;

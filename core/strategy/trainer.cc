@@ -61,6 +61,8 @@ const std::vector<StepMetrics>& Trainer::fit(DataLoader& train, DataLoader* val)
                             : steps_per_epoch * options_.max_epochs;
   const bool rank0 = strategy_.world()->rank() == 0;
   const int n = strategy_.world()->size();
+  // A target that cannot take a checkpoint fails now, not after training.
+  if (!options_.checkpoint_dir.empty()) strategy_.check_checkpoint_target(options_.checkpoint_dir);
   if (rank0) write_outputs_header();
   const int64_t rows_per_batch = train.sampler().local_batch_size() * strategy_.data_parallel_size();
   const auto start = std::chrono::steady_clock::now();
@@ -106,10 +108,15 @@ const std::vector<StepMetrics>& Trainer::fit(DataLoader& train, DataLoader* val)
         report(m, total, std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - start).count());
       }
-      if (options_.on_checkpoint && options_.checkpoint_every_n_steps > 0 &&
+      if (options_.checkpoint_every_n_steps > 0 &&
           (step % options_.checkpoint_every_n_steps == 0 || step == total)) {
-        options_.on_checkpoint(strategy_, step);
+        if (options_.on_checkpoint) {
+          options_.on_checkpoint(strategy_, step);
+        } else if (!options_.checkpoint_dir.empty()) {
+          strategy_.save_checkpoint(options_.checkpoint_dir);
+        }
       }
+      if (options_.on_step_end) options_.on_step_end(strategy_, step);
     }
   }
   if (rank0) {

@@ -40,6 +40,12 @@ struct TrainerOptions {
   // steps and at the end of fit (0: never), with the step count.
   int64_t checkpoint_every_n_steps = 0;
   std::function<void(FSDP2Strategy&, int64_t step)> on_checkpoint;
+  // Called on every rank after every optimizer step (after its checkpoint,
+  // if any), with the step count.
+  std::function<void(FSDP2Strategy&, int64_t step)> on_step_end;
+  // Where checkpoints go: fit() checks it (check_checkpoint_target) before
+  // the first step, and saves there when on_checkpoint is not set.
+  std::string checkpoint_dir;
 };
 
 struct StepMetrics {

@@ -33,7 +33,7 @@ __all__ = [
     "ShapeError", "FileError", "CommunicationError", "OutOfMemoryError",
     "InternalError", "FSDP2Strategy", "Model",
     "Optimizer", "TokenDataLoader", "StepResult", "launch_local",
-    "is_rank_process", "version", "abi_version", "allocator",
+    "is_rank_process", "version", "abi_version", "allocator", "restart_count",
 ]
 
 
@@ -427,8 +427,20 @@ class FSDP2Strategy(_Handle):
                                                         int(batch_idx))
 
     # -- checkpoints and state ---------------------------------------------------
-    def save_checkpoint(self, path):
-        _c.fsdp2_strategy_save_checkpoint(self.handle, os.fspath(path))
+    def save_checkpoint(self, path, asynchronous=False):
+        """Collective. With asynchronous=True the files are written by a
+        background thread while training goes on (at most one save in
+        flight; see wait_for_checkpoint)."""
+        flags = _c.FSDP2_SAVE_ASYNC if asynchronous else 0
+        _c.fsdp2_strategy_save_checkpoint_ex(self.handle, os.fspath(path), flags)
+
+    def wait_for_checkpoint(self):
+        """Waits for this rank's background save; raises its error."""
+        _c.fsdp2_strategy_wait_for_checkpoint(self.handle)
+
+    @property
+    def checkpoint_in_flight(self):
+        return bool(_c.fsdp2_strategy_checkpoint_in_flight(self.handle))
 
     def load_checkpoint(self, path):
         _c.fsdp2_strategy_load_checkpoint(self.handle, os.fspath(path))
@@ -480,6 +492,11 @@ class FSDP2Strategy(_Handle):
         return state
 
     def load_model_state_dict(self, state):
+        """`state`: {name: array}, or the path of a safetensors file (a
+        PyTorch state_dict() saved as safetensors, or a full checkpoint)."""
+        if isinstance(state, (str, os.PathLike)):
+            _c.fsdp2_strategy_load_model_state_dict_file(self.handle, os.fspath(state))
+            return
         for name, value in state.items():
             self.set_parameter(name, value)
 
@@ -508,9 +525,17 @@ def is_rank_process():
     return bool(_c.fsdp2_is_rank_process())
 
 
-def launch_local(nproc, argv=None, threads_per_rank=0):
+def launch_local(nproc, argv=None, threads_per_rank=0, max_restarts=0):
     """Runs this Python program again as `nproc` local ranks and waits;
     returns the exit code (0 when every rank succeeded). `argv`: the script
-    and its arguments (default: sys.argv)."""
+    and its arguments (default: sys.argv). With max_restarts N, when a rank
+    dies all ranks are stopped and started again, up to N times: a rank
+    whose restart_count() is positive resumes from its newest checkpoint."""
     args = [sys.executable] + list(sys.argv if argv is None else argv)
-    return _c.fsdp2_launch_local(int(nproc), int(threads_per_rank), args)
+    return _c.fsdp2_launch_local_with_restarts(int(nproc), int(threads_per_rank),
+                                               int(max_restarts), args)
+
+
+def restart_count():
+    """Which run of a job launched with restarts this rank is in (0: first)."""
+    return _c.fsdp2_restart_count()

@@ -19,6 +19,7 @@ import pytest
 import fsdp2
 
 GPT = dict(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16)
+TORCH_GPT = dict(vocab_size=48, block_size=12, n_layer=2, n_head=2, n_embd=32)
 GLOBAL_ROWS = 12
 
 
@@ -78,6 +79,29 @@ def worker(scenario, out, *args):
                                             gradient_clip_val=0.5)) for i in range(start, steps)]
             if s.rank == 0:
                 np.savez(out, losses=np.array(losses))
+    elif scenario == "from_pytorch":
+        # A PyTorch state_dict() saved as safetensors loads into fsdp2, which
+        # trains on from it on PyTorch's batches.
+        ref, steps = args[0], int(args[1])
+        with open(os.path.join(ref, "losses.json")) as f:
+            torch_run = json.load(f)
+        adamw = torch_run["adamw"]
+        batches = np.load(os.path.join(ref, "batches.npz"))
+        with fsdp2.FSDP2Strategy(precision="fp32", seed=11) as s:
+            s.setup_environment()
+            with fsdp2.Model.gpt(**TORCH_GPT) as model:
+                s.connect(model, fsdp2.Optimizer(
+                    lr=torch_run["lr"], beta1=adamw["betas"][0], beta2=adamw["betas"][1],
+                    eps=adamw["eps"], weight_decay=adamw["weight_decay"]))
+            s.parallelize()
+            s.load_model_state_dict(os.path.join(ref, "state.safetensors"))
+            n = len(batches["tokens0"]) // s.data_parallel_size
+            r = s.data_parallel_rank
+            losses = [float(s.training_step([batches["tokens%d" % i][r * n:(r + 1) * n],
+                                             batches["targets%d" % i][r * n:(r + 1) * n]], i))
+                      for i in range(steps)]
+            if s.rank == 0:
+                np.savez(out, losses=np.array(losses))
     elif scenario == "barrier_after":
         import time
         with fsdp2.FSDP2Strategy(timeout_ms=20000) as s:
@@ -116,6 +140,52 @@ def launch(world, scenario, *args):
 
 # ---------------------------------------------------------------------------
 # Tests
+
+
+def test_a_background_save_writes_what_a_synchronous_one_does(tmp_path):
+    os.environ["FSDP2_STORE_PATH"] = str(tmp_path / "store")
+    try:
+        with new_strategy() as s:
+            s.training_step(local_rows(s, 0), 0)
+            s.save_checkpoint(tmp_path / "sync")
+            s.save_checkpoint(tmp_path / "async", asynchronous=True)
+            s.training_step(local_rows(s, 1), 1)  # training goes on
+            s.wait_for_checkpoint()
+            assert not s.checkpoint_in_flight
+            names = sorted(os.listdir(tmp_path / "sync"))
+            assert names == sorted(os.listdir(tmp_path / "async")) and names
+            for name in names:
+                assert (tmp_path / "sync" / name).read_bytes() == \
+                    (tmp_path / "async" / name).read_bytes(), name
+            s.load_checkpoint(tmp_path / "async")
+            assert s.current_epoch_step == (0, 1)
+    finally:
+        del os.environ["FSDP2_STORE_PATH"]
+
+
+def test_a_pytorch_state_dict_loads_and_trains_with_pytorchs_losses(tmp_path):
+    # PyTorch (Debian's python3-torch, its own process) builds the same GPT,
+    # saves its state_dict() as safetensors with plain Python and numpy, and
+    # trains 4 AdamW steps; fsdp2 loads that file on 1 and 2 ranks and trains
+    # on the same batches with the same losses.
+    steps = 4
+    subprocess.run(["/usr/bin/python3", "core/checkpoint/pytorch_reference.py", "train",
+                    str(tmp_path), json.dumps(TORCH_GPT), str(steps)], check=True)
+    with open(tmp_path / "losses.json") as f:
+        want = json.load(f)["losses"]
+    for world in (1, 2):
+        got = launch(world, "from_pytorch", tmp_path, steps)["losses"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{world} ranks")
+    # A path that is not a safetensors file is a FileError naming it.
+    os.environ["FSDP2_STORE_PATH"] = str(tmp_path / "store")
+    try:
+        with new_strategy() as s:
+            with pytest.raises(fsdp2.FileError, match="batches.npz"):
+                s.load_model_state_dict(tmp_path / "batches.npz")
+            with pytest.raises(fsdp2.InvalidArgumentError, match="has shape"):
+                s.load_model_state_dict(str(tmp_path / "state.safetensors"))  # other sizes
+    finally:
+        del os.environ["FSDP2_STORE_PATH"]
 
 
 def test_version():
@@ -343,7 +413,57 @@ def test_checkpoint_from_two_ranks_resumes_on_one():
     np.testing.assert_allclose(resumed["losses"], full["losses"][3:], rtol=1e-5)
 
 
+def restart_rank(out, kill_after):
+    """A rank of a job launched with restarts: 4 steps, a checkpoint after
+    every 2; on a restart it resumes from the checkpoint. In the first run
+    rank 1 kills itself after step `kill_after` (0: never)."""
+    import signal
+    ckpt = os.path.join(out, "ckpt")
+    with new_strategy() as s:
+        start = 0
+        if fsdp2.restart_count() > 0 and os.path.exists(os.path.join(ckpt, "metadata.json")):
+            s.load_checkpoint(ckpt)
+            start = s.current_epoch_step[1]
+        losses = []
+        for i in range(start, 4):
+            losses.append(float(s.training_step(local_rows(s, i), i)))
+            if (i + 1) % 2 == 0:
+                s.save_checkpoint(ckpt)
+            if s.rank == 1 and i + 1 == kill_after and fsdp2.restart_count() == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+        if s.rank == 0:
+            with open(os.path.join(out, "run%d.json" % fsdp2.restart_count()), "w") as f:
+                json.dump({"start": start, "losses": losses}, f)
+
+
+def test_launch_local_restarts_after_a_rank_dies(tmp_path):
+    # The same job, uninterrupted and with rank 1 killed after step 3: the
+    # restarted run resumes at step 2 with the uninterrupted losses; without
+    # restarts the job fails.
+    def job(out, max_restarts, kill_after):
+        os.makedirs(out)
+        code = subprocess.run(
+            [sys.executable, __file__, "--restart-job", str(out), str(max_restarts),
+             str(kill_after)], timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode
+        return code
+    assert job(tmp_path / "plain", 0, 0) == 0
+    with open(tmp_path / "plain" / "run0.json") as f:
+        want = json.load(f)["losses"]
+    assert job(tmp_path / "killed", 1, 3) == 0
+    with open(tmp_path / "killed" / "run1.json") as f:
+        run = json.load(f)
+    assert run["start"] == 2 and not (tmp_path / "killed" / "run0.json").exists()
+    np.testing.assert_allclose(run["losses"], want[2:], rtol=1e-6)
+    assert job(tmp_path / "no_restarts", 0, 3) != 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--restart-job":
+        sys.exit(fsdp2.launch_local(2, argv=[__file__, "--restart-rank", sys.argv[2], sys.argv[4]],
+                                    threads_per_rank=1, max_restarts=int(sys.argv[3])))
+    if len(sys.argv) > 1 and sys.argv[1] == "--restart-rank":
+        restart_rank(sys.argv[2], int(sys.argv[3]))
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], *sys.argv[4:])
         sys.exit(0)

@@ -312,6 +312,26 @@ public final class FSDP2Strategy extends Handle {
     Fsdp2Native.fsdp2_strategy_save_checkpoint(handle(), path);
   }
 
+  /**
+   * Collective: with {@code async} the files are written by a background
+   * thread while training goes on (at most one save in flight).
+   */
+  public void saveCheckpoint(String path, boolean async) {
+    Fsdp2Native.fsdp2_strategy_save_checkpoint_ex(handle(), path, async ? 1L : 0L);
+  }
+
+  /** Waits for this rank's background save; throws its error. */
+  public void waitForCheckpoint() {
+    Fsdp2Native.fsdp2_strategy_wait_for_checkpoint(handle());
+  }
+
+  /** Whether this rank is still writing a background save. */
+  public boolean checkpointInFlight() {
+    int[] inFlight = new int[1];
+    Fsdp2Native.fsdp2_strategy_checkpoint_in_flight(handle(), inFlight);
+    return inFlight[0] != 0;
+  }
+
   /** Collective: a checkpoint saved on any number of ranks. */
   public void loadCheckpoint(String path) {
     Fsdp2Native.fsdp2_strategy_load_checkpoint(handle(), path);
@@ -380,6 +400,15 @@ public final class FSDP2Strategy extends Handle {
 
   public void loadModelStateDict(Map<String, Tensor> state) {
     for (Map.Entry<String, Tensor> e : state.entrySet()) setParameter(e.getKey(), e.getValue());
+  }
+
+  /**
+   * Collective: full parameters by name from a safetensors file: a PyTorch
+   * model's state_dict() saved as safetensors, or a full checkpoint (its
+   * directory or file).
+   */
+  public void loadModelStateDict(String safetensorsPath) {
+    Fsdp2Native.fsdp2_strategy_load_model_state_dict_file(handle(), safetensorsPath);
   }
 
   /** {epoch, optimizer steps taken}. */

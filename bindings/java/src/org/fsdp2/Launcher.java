@@ -32,6 +32,15 @@ public final class Launcher {
    * rank's exit code.
    */
   public static int launchLocal(int nproc) {
+    return launchLocal(nproc, 0);
+  }
+
+  /**
+   * {@link #launchLocal(int)} with restarts: when a rank dies, all ranks are
+   * stopped and started again, up to {@code maxRestarts} times; a rank whose
+   * {@link #restartCount()} is positive resumes from its newest checkpoint.
+   */
+  public static int launchLocal(int nproc, int maxRestarts) {
     Native.init();
     ProcessHandle.Info info = ProcessHandle.current().info();
     List<String> argv = new ArrayList<>();
@@ -39,7 +48,16 @@ public final class Launcher {
         () -> new IllegalStateException("cannot read this JVM's command line")));
     for (String a : info.arguments().orElse(new String[0])) argv.add(a);
     int[] code = new int[1];
-    Fsdp2Native.fsdp2_launch_local(nproc, 0, argv.toArray(new String[0]), code);
+    Fsdp2Native.fsdp2_launch_local_with_restarts(nproc, 0, maxRestarts,
+        argv.toArray(new String[0]), code);
     return code[0];
+  }
+
+  /** Which run of a job launched with restarts this rank is in (0: first). */
+  public static int restartCount() {
+    Native.init();
+    int[] count = new int[1];
+    Fsdp2Native.fsdp2_restart_count(count);
+    return count[0];
   }
 }

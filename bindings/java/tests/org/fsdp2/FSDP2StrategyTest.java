@@ -9,6 +9,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.File;
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -145,6 +147,19 @@ class FSDP2StrategyTest {
         () -> s.setParameter("wpe.weight", Tensor.zeros(Tensor.FLOAT64, 8, 16)));
     expect(Status.INVALID_ARGUMENT, "no parameter named", () -> s.getParameter("wpe.bias"));
 
+    // A state dict saved as safetensors (as a PyTorch state_dict() is by
+    // core/checkpoint/load_safetensors.py) loads by name from its file.
+    Map<String, Tensor> fileState = s.lightningModuleStateDict();
+    float[] shifted = new float[8 * 16];
+    for (int i = 0; i < shifted.length; ++i) shifted[i] = 1 - i / 50f;
+    fileState.put("wpe.weight", Tensor.ofFloats(shifted, 8, 16));
+    Path stateFile = Path.of(System.getProperty("java.io.tmpdir"), "junit_state.safetensors");
+    writeSafetensors(stateFile, fileState);
+    s.loadModelStateDict(stateFile.toString());
+    assertArrayEquals(shifted, s.getParameter("wpe.weight").toFloatArray());
+    expect(Status.IO, "junit_missing.safetensors",
+        () -> s.loadModelStateDict(stateFile.resolveSibling("junit_missing.safetensors").toString()));
+
     // State round trip: the model and optimizer state taken after step 1 and
     // restored after step 2 make step 2 repeat bit for bit (same loss, same
     // parameters after it: AdamW's moments and step count came back too).
@@ -179,6 +194,12 @@ class FSDP2StrategyTest {
     s.loadCheckpoint(ckpt);
     assertArrayEquals(saved, s.getParameter("wte.weight").toFloatArray());
     assertArrayEquals(new long[] {0, 3}, s.currentEpochStep());
+    // A background save: written while the caller goes on, then loadable.
+    s.saveCheckpoint(ckpt, true);
+    s.waitForCheckpoint();
+    assertFalse(s.checkpointInFlight());
+    s.loadCheckpoint(ckpt);
+    assertArrayEquals(saved, s.getParameter("wte.weight").toFloatArray());
     s.removeCheckpoint(ckpt);
     assertFalse(Files.exists(Path.of(ckpt)), ckpt + " still exists");
     expect(Status.IO, "not an fsdp2 checkpoint",
@@ -192,6 +213,32 @@ class FSDP2StrategyTest {
     assertEquals(before, s.validationStep(0, tokens, targets), 0.0);
     s.close();
     expect(Status.INVALID_HANDLE, "closed", () -> s.trainingStep(0, tokens, targets));
+  }
+
+  /** Float32 tensors as a safetensors file: header length, JSON header, data. */
+  private static void writeSafetensors(Path path, Map<String, Tensor> tensors) {
+    StringBuilder header = new StringBuilder("{");
+    List<float[]> data = new ArrayList<>();
+    long offset = 0;
+    for (Map.Entry<String, Tensor> e : tensors.entrySet()) {
+      float[] v = e.getValue().toFloatArray();
+      if (header.length() > 1) header.append(',');
+      header.append('"').append(e.getKey()).append("\":{\"dtype\":\"F32\",\"shape\":")
+          .append(Arrays.toString(e.getValue().shape()).replace(" ", ""))
+          .append(",\"data_offsets\":[").append(offset).append(',')
+          .append(offset + 4L * v.length).append("]}");
+      offset += 4L * v.length;
+      data.add(v);
+    }
+    byte[] h = header.append('}').toString().getBytes(StandardCharsets.UTF_8);
+    ByteBuffer b = ByteBuffer.allocate(8 + h.length + (int) offset).order(ByteOrder.LITTLE_ENDIAN);
+    b.putLong(h.length).put(h);
+    for (float[] v : data) for (float x : v) b.putFloat(x);
+    try {
+      Files.write(path, b.array());
+    } catch (java.io.IOException e) {
+      throw new RuntimeException(e);
+    }
   }
 
   private static List<String> runRanks(int world, Path out, int steps, String... extra)

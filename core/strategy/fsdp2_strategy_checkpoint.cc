@@ -1,0 +1,95 @@
+// fsdp2/core/strategy/fsdp2_strategy_checkpoint.cc
+//
+// FSDP2Strategy's checkpoints: saving (now or in the background), loading,
+// removing and checking a target, and loading a model state dict from a
+// safetensors file (see core/checkpoint/).
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/checkpoint/checkpoint_dir.h"
+#include "core/checkpoint/full_checkpoint.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/checkpoint/sharded_checkpoint.h"
+#include "core/strategy/fsdp2_strategy.h"
+
+namespace fsdp2 {
+namespace strategy {
+
+void FSDP2Strategy::load_model_state_dict(const std::string& safetensors_path, bool strict) {
+  require(true, true, "load_model_state_dict");
+  std::string file = safetensors_path;
+  if (checkpoint::DetectCheckpoint(file) == checkpoint::CheckpointLayout::kFull) {
+    file += std::string("/") + checkpoint::kFullCheckpointFile;
+  }
+  const checkpoint::SafetensorsFile f(file);
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (const auto& item : f.tensors()) {
+    if (item.first.rfind("optim/", 0) == 0) continue;  // a full checkpoint's optimizer
+    state.emplace_back(item.first, f.load(item.first));
+  }
+  load_model_state_dict(state, strict);
+}
+
+void FSDP2Strategy::save_checkpoint(const std::string& path, bool async) {
+  require_optimizer("save_checkpoint");
+  wait_for_checkpoint();  // at most one save in flight
+  const std::map<std::string, std::string> progress = {
+      {"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}};
+  if (async) {
+    auto write = options_.checkpoint_format == "full"
+                     ? checkpoint::StageFullCheckpoint(path, *module_->module(), optimizer_.get(),
+                                                       *world_, progress)
+                     : checkpoint::StageShardedCheckpoint(path, *module_->module(),
+                                                          optimizer_.get(), *world_, progress,
+                                                          options_.timeout);
+    if (!saver_) saver_ = std::make_unique<checkpoint::BackgroundSaver>();
+    saver_->start(std::move(write));
+  } else if (options_.checkpoint_format == "full") {
+    checkpoint::SaveFullCheckpoint(path, *module_->module(), optimizer_.get(), *world_, progress);
+  } else {
+    checkpoint::SaveShardedCheckpoint(path, *module_->module(), optimizer_.get(), *world_,
+                                      progress);
+  }
+}
+
+void FSDP2Strategy::wait_for_checkpoint() {
+  if (saver_) saver_->wait();
+}
+
+bool FSDP2Strategy::checkpoint_in_flight() const { return saver_ && saver_->in_flight(); }
+
+void FSDP2Strategy::load_checkpoint(const std::string& path) {
+  require_optimizer("load_checkpoint");
+  wait_for_checkpoint();
+  const auto layout = checkpoint::DetectCheckpoint(path);
+  const bool sharded = layout == checkpoint::CheckpointLayout::kSharded ||
+                       layout == checkpoint::CheckpointLayout::kNone;
+  auto progress =
+      sharded ? checkpoint::LoadShardedCheckpoint(path, *module_->module(), optimizer_.get(), *world_)
+              : checkpoint::LoadFullCheckpoint(path, *module_->module(), optimizer_.get(), *world_);
+  pending_optimizer_state_.reset();  // the checkpoint's state wins
+  epoch_ = progress.count("epoch") ? std::stoll(progress["epoch"]) : 0;
+  global_step_ = progress.count("global_step") ? std::stoll(progress["global_step"]) : 0;
+}
+
+void FSDP2Strategy::remove_checkpoint(const std::string& path) {
+  require(true, false, "remove_checkpoint");
+  wait_for_checkpoint();
+  const auto layout = checkpoint::DetectCheckpoint(path);
+  if (layout == checkpoint::CheckpointLayout::kFull ||
+      layout == checkpoint::CheckpointLayout::kFullFile) {
+    checkpoint::RemoveFullCheckpoint(path, *world_);
+  } else {
+    checkpoint::RemoveCheckpoint(path, *world_);
+  }
+}
+
+void FSDP2Strategy::check_checkpoint_target(const std::string& path) {
+  require(true, false, "check_checkpoint_target");
+  checkpoint::CheckCheckpointTarget(path, *world_);
+}
+
+}  // namespace strategy
+}  // namespace fsdp2
