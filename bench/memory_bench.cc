@@ -17,14 +17,24 @@
 // and prints peak FULL_SHARD / peak NO_SHARD at each N, with and without the
 // baseline.
 //
+// Then activation checkpointing (core/fsdp/activation_checkpoint.h): the
+// same model, FULL_SHARD on --ac-nproc ranks (default 2) with
+// --ac-rows-per-rank sequences (4) of --ac-block-size tokens (128), without
+// and with every block checkpointed, side by side: the peaks (train and
+// per phase), the median step time (wall, and the training thread's CPU
+// time, which a loaded machine disturbs less), and with / without for each.
+//
 //   bazel run //bench:memory -- --quick 1
 //   bazel run //bench:memory
+//   bazel run //bench:memory -- --nprocs 2 --ac-only 1   # the AC part only
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
+#include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <functional>
 #include <cstdlib>
@@ -64,15 +74,23 @@ models::GPTConfig Config(flags::Flags& flags) {
   return ReadGPTConfig(flags, gpt2_small);
 }
 
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 const char* kKeys[] = {"baseline", "peak_train", "peak_process", "sharded_params",
                        "sharded_grads", "optimizer_state", "peak_unsharded",
-                       "peak_forward", "peak_backward", "peak_step"};
+                       "peak_forward", "peak_backward", "peak_step", "step_s",
+                       "step_cpu_s"};
 
 int RunRank(flags::Flags& flags) {
   const models::GPTConfig config = Config(flags);
   const std::string strategy = flags.String("strategy", "full_shard", "sharding strategy");
   const int64_t global_batch = flags.Int("global-batch", 4, "sequences per step, all ranks");
   const int steps = flags.Int("steps", 3, "training steps");
+  const int ac = flags.Int("ac", 0, "1: checkpoint every block's activations");
   flags.Finish();
   const char* threads = std::getenv("FSDP2_THREADS");
   at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
@@ -91,6 +109,9 @@ int RunRank(flags::Flags& flags) {
     fsdp::fully_shard(model->block(i), options);
   }
   fsdp::fully_shard(model, options);
+  if (ac == 1) {
+    fsdp::apply_activation_checkpointing(*model, fsdp::ActivationCheckpointing::Full());
+  }
   auto optimizer = module.configure_optimizers();
   const int64_t peak_before_training = PeakResidentBytes();
   if (!ResetPeakResidentBytes()) {
@@ -107,12 +128,25 @@ int RunRank(flags::Flags& flags) {
   // Peak RSS of each phase of a step (the high-water mark is reset at each
   // phase's start), the largest over the steps: where the peak comes from.
   int64_t phase_peak[3] = {0, 0, 0};  // forward, backward, clip + step
+  // Wall time, and CPU time of this (the training) thread, which a loaded
+  // machine disturbs far less: the steps after the first two.
+  std::vector<double> step_s, step_cpu_s;
+  double this_step_s = 0, this_step_cpu_s = 0;
   auto phase = [&](int k, const std::function<void()>& fn) {
     ResetPeakResidentBytes();
+    const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ThreadCpuSeconds();
     fn();
+    this_step_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    this_step_cpu_s += ThreadCpuSeconds() - cpu_start;
     phase_peak[k] = std::max(phase_peak[k], PeakResidentBytes());
   };
   for (int step = 0; step < steps; ++step) {
+    if (step > 2) {  // step - 1 >= 2
+      step_s.push_back(this_step_s);
+      step_cpu_s.push_back(this_step_cpu_s);
+    }
+    this_step_s = this_step_cpu_s = 0;
     at::Tensor loss;
     phase(0, [&] {
       optimizer->zero_grad();
@@ -126,6 +160,10 @@ int RunRank(flags::Flags& flags) {
       fsdp::clip_grad_norm_(*model, 1.0);
       optimizer->step();
     });
+  }
+  if (steps > 2) {
+    step_s.push_back(this_step_s);
+    step_cpu_s.push_back(this_step_cpu_s);
   }
 
   const auto stats = fsdp::memory_stats(*model);
@@ -143,6 +181,13 @@ int RunRank(flags::Flags& flags) {
       double(stats.sharded_param_bytes), double(stats.sharded_grad_bytes),
       double(optimizer_bytes), double(fsdp::peak_unsharded_param_bytes()),
       double(phase_peak[0]), double(phase_peak[1]), double(phase_peak[2])};
+  // Per step, the slowest rank's times; their medians.
+  for (const auto* v : {&step_s, &step_cpu_s}) {
+    at::Tensor times = at::tensor(v->empty() ? std::vector<double>{0} : *v, at::kDouble);
+    world->group()->all_reduce(times, comm::ReduceOp::kMax).wait();
+    values.push_back(Median(std::vector<double>(times.data_ptr<double>(),
+                                                times.data_ptr<double>() + times.numel())));
+  }
   at::Tensor t = at::tensor(values, at::kDouble);
   world->group()->all_reduce(t, comm::ReduceOp::kMax).wait();
   if (rank == 0) {
@@ -152,13 +197,39 @@ int RunRank(flags::Flags& flags) {
   return 0;
 }
 
+void RunShardingTable(const models::GPTConfig& config, const std::vector<int64_t>& nprocs,
+                      int steps, int64_t global_batch, int cores, const std::string& self);
+void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t rows,
+                           int steps, int rounds, int cores, const std::string& self);
+
 int RunParent(flags::Flags& flags, const std::string& self) {
   const bool quick = flags.Int("quick", 0, "1: fewer steps") != 0;
   const int steps = flags.Int("steps", quick ? 2 : 4, "training steps");
   const int64_t global_batch = flags.Int("global-batch", 4, "sequences per step, all ranks");
   const models::GPTConfig config = Config(flags);
   const std::vector<int64_t> nprocs = flags.IntList("nprocs", {1, 2, 4}, "rank counts");
+  const int ac_nproc = flags.Int("ac-nproc", 2, "activation checkpointing: ranks (0: skip)");
+  const int64_t ac_rows = flags.Int("ac-rows-per-rank", 4, "activation checkpointing: rows");
+  const int64_t ac_block = flags.Int("ac-block-size", 128, "activation checkpointing: tokens");
+  const int ac_steps = flags.Int("ac-steps", quick ? 4 : 6, "activation checkpointing: steps");
+  const bool ac_only = flags.Int("ac-only", 0, "1: only the activation checkpointing part") != 0;
+  const int ac_rounds = flags.Int("ac-rounds", 1, "activation checkpointing: rounds (time: median)");
   flags.Finish();
+  const int cores = Cores();
+  if (!ac_only) RunShardingTable(config, nprocs, steps, global_batch, cores, self);
+  if (ac_nproc > 0) {
+    models::GPTConfig ac_config = config;
+    ac_config.block_size = ac_block;
+    RunCheckpointingTable(ac_config, ac_nproc, ac_rows, ac_steps, std::max(1, ac_rounds),
+                          cores, self);
+  }
+  std::printf("\nload at the end: %s\n", LoadAverage().c_str());
+  return 0;
+}
+
+// FULL_SHARD against NO_SHARD at each N.
+void RunShardingTable(const models::GPTConfig& config, const std::vector<int64_t>& nprocs,
+                      int steps, int64_t global_batch, int cores, const std::string& self) {
   std::printf("memory bench: GPT n_layer %lld n_embd %lld n_head %lld block %lld vocab %lld; "
               "AdamW fp32; global batch %lld; %d steps; load %s\n",
               (long long)config.n_layer, (long long)config.n_embd, (long long)config.n_head,
@@ -170,7 +241,6 @@ int RunParent(flags::Flags& flags, const std::string& self) {
               "configuration", "baseline", "peak train", "peak process", "params",
               "grads", "optimizer", "unsharded", "fwd", "bwd", "step", "params #");
   std::fflush(stdout);
-  const int cores = Cores();
   std::map<std::string, Results> results;
   for (int n : nprocs) {
     for (const char* strategy : {"full_shard", "no_shard"}) {
@@ -209,8 +279,55 @@ int RunParent(flags::Flags& flags, const std::string& self) {
                 n, ratio("peak_train", false), ratio("peak_train", true),
                 ratio("peak_process", false), ratio("peak_process", true));
   }
-  std::printf("\nload at the end: %s\n", LoadAverage().c_str());
-  return 0;
+}
+
+// FULL_SHARD on `nproc` ranks without and with every block checkpointed,
+// alternating for `rounds` rounds (so that load changes hit both alike):
+// each round's peaks (they repeat exactly) and step time, then the median
+// step time of each and the ratios.
+void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t rows,
+                           int steps, int rounds, int cores, const std::string& self) {
+  std::printf("\nactivation checkpointing: GPT n_layer %lld n_embd %lld, FULL_SHARD N=%d, "
+              "%lld rows x %lld tokens per rank, fp32 AdamW, %d steps, %d round(s) (step "
+              "time: median of the steps after the first two, slowest rank); load %s\n"
+              "%-18s %10s %8s %8s %8s %9s %10s %10s\n",
+              (long long)config.n_layer, (long long)config.n_embd, nproc, (long long)rows,
+              (long long)config.block_size, steps, rounds, LoadAverage().c_str(),
+              "configuration", "peak train", "fwd", "bwd", "step", "baseline", "step time",
+              "cpu time");
+  std::fflush(stdout);
+  Results first[2];
+  std::vector<double> times[2], cpu[2];
+  for (int round = 0; round < rounds; ++round) {
+    for (int ac : {0, 1}) {
+      std::vector<std::string> args = {"--strategy", "full_shard", "--steps",
+                                       std::to_string(steps), "--global-batch",
+                                       std::to_string(rows * nproc), "--ac", std::to_string(ac)};
+      for (const auto& a : GPTConfigArgs(config)) args.push_back(a);
+      Results r = RunConfiguration(self, nproc, std::max(1, cores / nproc), args);
+      if (round == 0) first[ac] = r;
+      times[ac].push_back(Value(r, "step_s"));
+      cpu[ac].push_back(Value(r, "step_cpu_s"));
+      std::printf("%-18s %10.1f %8.1f %8.1f %8.1f %9.1f %8.3f s %8.3f s\n",
+                  ac ? "AC full" : "no AC", Value(r, "peak_train") / kMiB,
+                  Value(r, "peak_forward") / kMiB, Value(r, "peak_backward") / kMiB,
+                  Value(r, "peak_step") / kMiB, Value(r, "baseline") / kMiB,
+                  Value(r, "step_s"), Value(r, "step_cpu_s"));
+      std::fflush(stdout);
+    }
+  }
+  auto ratio = [&](const char* key, bool minus_baseline) {
+    const double a = Value(first[1], key) - (minus_baseline ? Value(first[1], "baseline") : 0);
+    const double b = Value(first[0], key) - (minus_baseline ? Value(first[0], "baseline") : 0);
+    return a / b;
+  };
+  std::printf("  with / without: peak train %.3f (above baseline %.3f), backward peak %.3f; "
+              "median step time %.3f s / %.3f s = %.3f; training thread's CPU time %.3f s / "
+              "%.3f s = %.3f\n",
+              ratio("peak_train", false), ratio("peak_train", true),
+              ratio("peak_backward", false), Median(times[1]), Median(times[0]),
+              Median(times[1]) / Median(times[0]), Median(cpu[1]), Median(cpu[0]),
+              Median(cpu[1]) / Median(cpu[0]));
 }
 
 }  // namespace

@@ -377,6 +377,7 @@ static void TestVersionAndStatus(void) {
 static void TestOptionErrors(void) {
   fsdp2_strategy_options_t o;
   fsdp2_strategy_t* s = NULL;
+  fsdp2_model_t* m = NULL;
   fsdp2_optimizer_options_t oo;
   fsdp2_strategy_options_init(&o);
   EXPECT_ERROR(fsdp2_strategy_options_from_json("{not json", &o), FSDP2_ERROR_INVALID_ARGUMENT,
@@ -406,6 +407,39 @@ static void TestOptionErrors(void) {
   fsdp2_strategy_options_init(&o);
   o.sharding_strategy = 42;
   EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "sharding_strategy");
+
+  /* Activation checkpointing: default, JSON (names and booleans), errors,
+   * and an older caller's shorter struct (the fields take their defaults). */
+  fsdp2_strategy_options_init(&o);
+  EXPECT(o.activation_checkpointing == FSDP2_AC_NONE && o.ac_every == 2, "ac defaults");
+  CHECK_OK(fsdp2_strategy_options_from_json(
+      "{\"activation_checkpointing\": \"selective\", \"ac_every\": 3}", &o));
+  EXPECT(o.activation_checkpointing == FSDP2_AC_SELECTIVE && o.ac_every == 3, "ac json");
+  CHECK_OK(fsdp2_strategy_options_from_json("{\"activation_checkpointing\": true}", &o));
+  EXPECT(o.activation_checkpointing == FSDP2_AC_FULL, "ac true");
+  CHECK_OK(fsdp2_strategy_options_from_json("{\"activation_checkpointing\": \"none\"}", &o));
+  EXPECT(o.activation_checkpointing == FSDP2_AC_NONE, "ac none");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"activation_checkpointing\": \"sometimes\"}",
+                                                &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "none, full, selective");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"ac_every\": \"two\"}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "must be a number");
+  fsdp2_strategy_options_init(&o);
+  o.activation_checkpointing = FSDP2_AC_SELECTIVE;
+  o.ac_every = 0;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "ac_every");
+  fsdp2_strategy_options_init(&o);
+  o.activation_checkpointing = 7;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT,
+               "activation_checkpointing");
+  o.struct_size = offsetof(fsdp2_strategy_options_t, activation_checkpointing);
+  CHECK_OK(fsdp2_strategy_create(&o, &s));
+  fsdp2_strategy_destroy(s);
+  s = NULL;
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"gpt\", \"dropout\": \"some\"}", &m),
+               FSDP2_ERROR_INVALID_ARGUMENT, "dropout");
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"gpt\", \"dropout\": 1.5}", &m),
+               FSDP2_ERROR_INVALID_ARGUMENT, "dropout must be in [0, 1)");
 
   fsdp2_optimizer_options_init(&oo);
   EXPECT_ERROR(fsdp2_optimizer_options_from_json("{\"kind\": \"lamb\"}", &oo),
@@ -716,6 +750,16 @@ static void TestStrategiesAndPrecision(void) {
       {2, "{\"precision\": \"fp32\", \"seed\": 7, \"tensor_parallel_size\": 2}", 1e-4, 0},
       {4, "{\"precision\": \"fp32\", \"seed\": 7, \"data_parallel_size\": 2, "
           "\"tensor_parallel_size\": 2}", 1e-4, 0},
+      /* Activation checkpointing changes nothing: exactly the 1-rank run
+       * on 1 rank, as closely as any 2- or 4-rank run otherwise (the
+       * TorchScript path: c_api/torchscript_test.cc). */
+      {1, "{\"precision\": \"fp32\", \"seed\": 7, \"activation_checkpointing\": \"full\"}",
+       1e-15, 0},
+      {2, "{\"precision\": \"fp32\", \"seed\": 7, \"activation_checkpointing\": \"full\"}",
+       1e-4, 0},
+      {4, "{\"precision\": \"fp32\", \"seed\": 7, \"data_parallel_size\": 2, "
+          "\"tensor_parallel_size\": 2, \"activation_checkpointing\": \"selective\", "
+          "\"ac_every\": 1}", 1e-4, 0},
       /* bf16 parameters and compute, fp32 reduction: tracks fp32 loosely. */
       {2, "{\"precision\": \"bf16\", \"seed\": 7}", 3e-2, 1},
   };

@@ -69,7 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 2 /* 1.2: background saves, restarts, state files */
+#define FSDP2_ABI_VERSION_MINOR 2 /* 1.2: background saves, restarts, state files, activation checkpointing */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -207,6 +207,16 @@ typedef enum fsdp2_checkpoint_format {
   FSDP2_CHECKPOINT_FULL = 1     /* one safetensors file, written by rank 0 */
 } fsdp2_checkpoint_format_t;
 
+/* Activation checkpointing: which FSDP units recompute their activations
+ * in backward instead of keeping them from forward (the units that
+ * contain no other unit: each transformer/residual block, or a TorchScript
+ * model as a whole). Losses and gradients are unchanged. */
+typedef enum fsdp2_activation_checkpointing {
+  FSDP2_AC_NONE = 0,      /* keep every activation (the default) */
+  FSDP2_AC_FULL = 1,      /* recompute every block */
+  FSDP2_AC_SELECTIVE = 2  /* recompute every ac_every-th block */
+} fsdp2_activation_checkpointing_t;
+
 typedef struct fsdp2_strategy_options {
   size_t struct_size;           /* sizeof(fsdp2_strategy_options_t) */
   int32_t data_parallel_size;   /* 0: "auto" */
@@ -223,15 +233,20 @@ typedef struct fsdp2_strategy_options {
   /* The data sampler (loaders made by this strategy). */
   int32_t shuffle;   /* 0 or 1 */
   int32_t drop_last; /* 1: drop a last partial global batch; 0: pad it */
+  /* Since ABI 1.2. */
+  int32_t activation_checkpointing; /* an fsdp2_activation_checkpointing_t */
+  int32_t ac_every;                 /* SELECTIVE: every k-th block, >= 1; default 2 */
 } fsdp2_strategy_options_t;
 
 /* Fills `options` with the defaults: auto sizes, FULL_SHARD, BF16, gloo,
- * 5 minutes, sharded checkpoints, seed 0, shuffle, drop_last. */
+ * 5 minutes, sharded checkpoints, seed 0, shuffle, drop_last, no
+ * activation checkpointing (ac_every 2). */
 FSDP2_API void fsdp2_strategy_options_init(fsdp2_strategy_options_t* options);
 
 /* Updates `options` from a JSON object whose keys are the field names
  * above (sizes may also be "auto"; enums are strings: "full_shard",
- * "bf16"/"fp32", "gloo"/"nccl", "sharded"/"full"), e.g.
+ * "bf16"/"fp32", "gloo"/"nccl", "sharded"/"full",
+ * "activation_checkpointing": "none"/"full"/"selective" or false/true), e.g.
  *   {"data_parallel_size": "auto", "sharding_strategy": "no_shard"}
  * Keys not given keep their value. Unknown keys, wrong types and bad JSON
  * fail with FSDP2_ERROR_INVALID_ARGUMENT and leave `options` unchanged.
@@ -252,7 +267,8 @@ typedef struct fsdp2_strategy fsdp2_strategy_t;
  *    loss = mean next-token cross-entropy, prediction = logits [B,T,vocab]
  *    float32:
  *      {"family": "gpt", "vocab_size": 256, "block_size": 64,
- *       "n_layer": 2, "n_head": 2, "n_embd": 64}
+ *       "n_layer": 2, "n_head": 2, "n_embd": 64, "dropout": 0}
+ *    (dropout: probability in training, GPT-2's places; 0 draws nothing)
  *  - MLP with residual blocks; batch = {x [B,in] float32/float64,
  *    y [B,out] float (mean squared error) or [B] int64 (cross-entropy)},
  *    prediction = [B,out]:

@@ -22,7 +22,8 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
   const char* known =
       "data_parallel_size, tensor_parallel_size, sharding_strategy, "
       "reshard_after_forward, shard_group_size, precision, cpu_offload, backend, "
-      "timeout_ms, checkpoint_format, seed, shuffle, drop_last";
+      "timeout_ms, checkpoint_format, seed, shuffle, drop_last, "
+      "activation_checkpointing, ac_every";
   for (const auto& [key, v] : config.items()) {
     if (key == "data_parallel_size") {
       o.data_parallel_size = JsonSize(v, key);
@@ -55,6 +56,14 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
       o.shuffle = JsonBool(v, key);
     } else if (key == "drop_last") {
       o.drop_last = JsonBool(v, key);
+    } else if (key == "activation_checkpointing") {
+      o.activation_checkpointing =
+          v.is_boolean() ? (v.get<bool>() ? FSDP2_AC_FULL : FSDP2_AC_NONE)
+                         : JsonEnum<int32_t>(v, key, {{"none", FSDP2_AC_NONE},
+                                                      {"full", FSDP2_AC_FULL},
+                                                      {"selective", FSDP2_AC_SELECTIVE}});
+    } else if (key == "ac_every") {
+      o.ac_every = JsonNumber<int32_t>(v, key);
     } else {
       UnknownKey(key, known);
     }

@@ -39,20 +39,28 @@ std::string TmpDir() {
   return t ? t : "/tmp";
 }
 
-// A two-layer script module with parameters "w1", "b1", "w2".
-std::string WriteScript() {
+// A two-layer script module with parameters "w1", "b1", "w2"; with
+// `dropout`, dropout on the hidden layer in training.
+std::string WriteScript(bool dropout = false) {
   torch::manual_seed(3);
   torch::jit::Module m("Net");
   // Trainable parameters, as a Python nn.Module's (requires_grad is saved).
   m.register_parameter("w1", (at::randn({7, kIn}) * 0.3).set_requires_grad(true), false);
   m.register_parameter("b1", at::zeros({7}).set_requires_grad(true), false);
   m.register_parameter("w2", (at::randn({kOut, 7}) * 0.3).set_requires_grad(true), false);
-  m.define(R"(
+  // As a Python module's: dropout follows it.
+  if (dropout) m.register_attribute("training", c10::BoolType::get(), true);
+  m.define(dropout ? R"(
+def forward(self, x):
+    h = torch.tanh(torch.matmul(x, self.w1.t()) + self.b1)
+    h = torch.dropout(h, 0.3, self.training)
+    return torch.matmul(h, self.w2.t())
+)" : R"(
 def forward(self, x):
     h = torch.tanh(torch.matmul(x, self.w1.t()) + self.b1)
     return torch.matmul(h, self.w2.t())
 )");
-  const std::string path = TmpDir() + "/net.pt";
+  const std::string path = TmpDir() + (dropout ? "/net_dropout.pt" : "/net.pt");
   m.save(path);
   return path;
 }
@@ -91,11 +99,12 @@ fsdp2_tensor_t View(const at::Tensor& t) {
   return v;
 }
 
-// One rank: trains through the C ABI and writes its losses (rank 0).
-int Worker(const std::string& script, const std::string& out_path) {
+// One rank: trains through the C ABI with these strategy options and
+// writes its losses (rank 0).
+int Worker(const std::string& script, const std::string& out_path, const std::string& json) {
   fsdp2_strategy_options_t so;
   fsdp2_strategy_options_init(&so);
-  Check(fsdp2_strategy_options_from_json(R"({"precision": "fp32"})", &so));
+  Check(fsdp2_strategy_options_from_json(json.c_str(), &so));
   fsdp2_strategy_t* raw = nullptr;
   Check(fsdp2_strategy_create(&so, &raw));
   fsdp2_c::StrategyPtr strategy(raw);
@@ -112,6 +121,7 @@ int Worker(const std::string& script, const std::string& out_path) {
   int32_t dp_rank = 0, dp_size = 1, rank = 0;
   Check(fsdp2_strategy_rank_info(strategy.get(), &rank, nullptr, &dp_rank, &dp_size));
   std::ofstream out;
+  out.precision(17);
   if (rank == 0) out.open(out_path);
   const int rows = kRows / dp_size;
   for (int step = 0; step < kSteps; ++step) {
@@ -125,9 +135,12 @@ int Worker(const std::string& script, const std::string& out_path) {
   return 0;
 }
 
-std::vector<double> RunRanks(int world, const std::string& script) {
-  const std::string out = TmpDir() + "/ts_losses_" + std::to_string(world);
-  const std::string store = TmpDir() + "/ts_store_" + std::to_string(world);
+std::vector<double> RunRanks(int world, const std::string& script,
+                             const std::string& json = R"({"precision": "fp32"})") {
+  static int run = 0;
+  const std::string out = TmpDir() + "/ts_losses_" + std::to_string(world) + "_" +
+                          std::to_string(run++);
+  const std::string store = out + "_store";
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();
@@ -136,7 +149,7 @@ std::vector<double> RunRanks(int world, const std::string& script) {
       setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
       setenv("FSDP2_STORE_PATH", store.c_str(), 1);
       execl("/proc/self/exe", "torchscript_test", "--worker", script.c_str(), out.c_str(),
-            static_cast<char*>(nullptr));
+            json.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     pids.push_back(pid);
@@ -179,6 +192,25 @@ TEST(TorchScriptTest, TrainsLikeLibTorchOnOneAndTwoRanks) {
   }
 }
 
+// Activation checkpointing of a TorchScript model: the model is one FSDP
+// unit, so the whole script is recomputed in backward (its dropout masks
+// replayed). Losses equal the run without it, to the last bit.
+TEST(TorchScriptTest, ActivationCheckpointingChangesNothing) {
+  const std::string script = WriteScript(/*dropout=*/true);
+  for (int world : {1, 2}) {
+    const auto plain = RunRanks(world, script, R"({"precision": "fp32", "seed": 3})");
+    const auto ac = RunRanks(
+        world, script,
+        R"({"precision": "fp32", "seed": 3, "activation_checkpointing": "full"})");
+    ASSERT_EQ(plain.size(), static_cast<size_t>(kSteps)) << world << " ranks";
+    EXPECT_EQ(ac, plain) << world << " ranks";
+    EXPECT_LT(plain.back(), plain.front()) << "did not learn";
+  }
+  // Dropout is on: another seed draws other masks.
+  EXPECT_NE(RunRanks(1, script, R"({"precision": "fp32", "seed": 4})"),
+            RunRanks(1, script, R"({"precision": "fp32", "seed": 3})"));
+}
+
 TEST(TorchScriptTest, BadFilesAndLossesAreErrors) {
   fsdp2_model_t* model = nullptr;
   const std::string junk = TmpDir() + "/junk.pt";
@@ -194,9 +226,9 @@ TEST(TorchScriptTest, BadFilesAndLossesAreErrors) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::string(argv[1]) == "--worker") {
+  if (argc == 5 && std::string(argv[1]) == "--worker") {
     try {
-      return Worker(argv[2], argv[3]);
+      return Worker(argv[2], argv[3], argv[4]);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "worker: %s\n", e.what());
       return 1;

@@ -86,6 +86,8 @@ struct Flags {
   bool ckpt_async = false;  // write checkpoints in the background
   int max_restarts = 0;     // restarts of all ranks after a rank fails
   int progress_bar = -1;
+  int activation_checkpointing = 0;  // 1: recompute blocks in backward
+  int ac_every = 1;                  // with it: every k-th block
 };
 
 const char* kUsage =
@@ -169,6 +171,11 @@ Flags ParseFlags(int argc, char** argv) {
         parser.String("checkpoint-format", f.checkpoint_format, "sharded|full");
     f.ckpt_keep = parser.Int("ckpt-keep", f.ckpt_keep,
                              "K > 0: save to ckpt-dir/step-N, keep the newest K");
+    f.activation_checkpointing = parser.Int(
+        "activation-checkpointing", f.activation_checkpointing,
+        "1: recompute each block's activations in backward instead of keeping them");
+    f.ac_every = parser.Int("ac-every", f.ac_every,
+                            "with --activation-checkpointing 1: every k-th block (1: all)");
     f.ckpt_async = parser.Int("ckpt-async", f.ckpt_async ? 1 : 0,
                               "1: write checkpoints in the background while training goes on") != 0;
     f.max_restarts = parser.Int("max-restarts", f.max_restarts,
@@ -181,6 +188,14 @@ Flags ParseFlags(int argc, char** argv) {
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
   if (f.tensor_parallel < 1) Fail("--tensor-parallel must be at least 1");
+  if (f.activation_checkpointing != 0 && f.activation_checkpointing != 1) {
+    Fail("--activation-checkpointing must be 0 or 1, got " +
+         std::to_string(f.activation_checkpointing));
+  }
+  if (f.ac_every < 1) Fail("--ac-every must be at least 1, got " + std::to_string(f.ac_every));
+  if (f.ac_every != 1 && f.activation_checkpointing == 0) {
+    Fail("--ac-every needs --activation-checkpointing 1");
+  }
   if (f.steps < 1) Fail("--steps must be at least 1");
   if (f.batch_size < 1) Fail("--batch-size must be at least 1");
   if (f.grad_accum < 1) Fail("--grad-accum must be at least 1");
@@ -317,6 +332,11 @@ int RunRank(const Flags& f) {
   options.seed = f.seed;
   options.data_sampler.seed = f.seed;
   options.checkpoint_format = f.checkpoint_format;
+  if (f.activation_checkpointing == 1) {
+    options.activation_checkpointing = f.ac_every == 1
+                                           ? fsdp::ActivationCheckpointing::Full()
+                                           : fsdp::ActivationCheckpointing::Selective(f.ac_every);
+  }
   const char* backend = std::getenv("FSDP2_BACKEND");
   options.backend = backend ? backend : "gloo";
   options.shard_group_size = f.shard_group_size;
@@ -430,6 +450,11 @@ int RunRank(const Flags& f) {
                 strategy.fsdp_mesh()->ToString().c_str(), f.mixed_precision.c_str());
     std::printf("hosts: %d; gloo: %s\n", strategy.world()->num_hosts(),
                 strategy.world()->network().c_str());
+    if (f.activation_checkpointing == 1) {
+      std::printf("activation checkpointing: %s, %zu of %lld blocks recomputed in backward\n",
+                  options.activation_checkpointing.ToString().c_str(),
+                  strategy.checkpointed_modules().size(), (long long)config.n_layer);
+    }
     std::fflush(stdout);
   }
   trainer.fit(train, &val);

@@ -160,6 +160,17 @@ if [[ $(grep -c "allocator system" <<<"$off") -ne 2 ]]; then
   echo "$off"; fail=1
 fi
 
+# Activation checkpointing: every block, then every 2nd, recomputed in
+# backward; the same losses as keeping the activations.
+ac=$(run --nproc 2 --batch-size 4 "${common[@]}" --activation-checkpointing 1 --out-dir "$tmp/oac") || { echo "$ac"; exit 1; }
+acs=$(run --nproc 2 --batch-size 4 "${common[@]}" --activation-checkpointing 1 --ac-every 2 --out-dir "$tmp/oacs") || { echo "$acs"; exit 1; }
+if [[ "$(echo "$ac" | losses)" != "$l2" || "$(echo "$acs" | losses)" != "$l2" ]] \
+   || ! grep -q "full, 2 of 2 blocks recomputed" <<<"$ac" \
+   || ! grep -q "selective(every 2), 1 of 2 blocks recomputed" <<<"$acs"; then
+  echo "FAIL: --activation-checkpointing 1 (--ac-every 2) should recompute 2 (1) of 2 blocks with the same losses:"
+  echo "$ac"; echo "$acs"; fail=1
+fi
+
 expect_error() {  # expected-text args...
   local want="$1"; shift
   out=$(run "$@"); code=$?
@@ -187,6 +198,9 @@ for format in sharded full; do
   expect_error "cannot be written" --checkpoint-format $format --ckpt-dir /proc/fsdp2_ckpt
 done
 if [[ "$(cat "$tmp/foreign/notes.txt")" != "notes" ]]; then echo "FAIL: a foreign directory was touched"; fail=1; fi
+expect_error "--activation-checkpointing must be 0 or 1" --activation-checkpointing 2
+expect_error "--ac-every needs --activation-checkpointing 1" --ac-every 2
+expect_error "--ac-every must be at least 1" --activation-checkpointing 1 --ac-every 0
 
 if [[ $fail -ne 0 ]]; then exit 1; fi
 echo "examples_test: all checks passed"

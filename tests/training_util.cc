@@ -72,7 +72,9 @@ Model BuildModel(const TrainSpec& spec) {
   torch::manual_seed(spec.seed);
   Model m;
   if (spec.model == "gpt") {
-    auto gpt = models::GPT(EquivalenceGPT());
+    models::GPTConfig config = EquivalenceGPT();
+    config.dropout = spec.dropout;
+    auto gpt = models::GPT(config);
     for (size_t i = 0; i < gpt->blocks->size(); ++i) {
       m.units.push_back(gpt->block(i).ptr());
     }
@@ -126,6 +128,10 @@ std::pair<at::Tensor, at::Tensor> GlobalBatch(const TrainSpec& spec, int step,
   at::Tensor x = at::randn(shape, gen, at::TensorOptions().dtype(Dtype(spec)));
   at::Tensor y = at::randint(3, {rows}, gen, at::TensorOptions().dtype(at::kLong));
   return {x, y};
+}
+
+fsdp::ActivationCheckpointing Policy(const TrainSpec& spec) {
+  return fsdp::ActivationCheckpointing::Parse(spec.ac, spec.ac_every);
 }
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
@@ -193,11 +199,12 @@ std::vector<std::string> TrainSpec::ToArgs() const {
   clip_s << clip;
   return {model, strategy, std::to_string(steps), std::to_string(batch_per_rank),
           dtype, mixed_precision, std::to_string(grad_accum), clip_s.str(),
-          std::to_string(seed), optimizer};
+          std::to_string(seed), optimizer, ac, std::to_string(ac_every),
+          std::to_string(dropout)};
 }
 
 TrainSpec TrainSpec::FromArgs(const std::vector<std::string>& a) {
-  if (a.size() != 10) throw std::invalid_argument("TrainSpec: need 10 args");
+  if (a.size() != 13) throw std::invalid_argument("TrainSpec: need 13 args");
   TrainSpec s;
   s.model = a[0];
   s.strategy = a[1];
@@ -209,6 +216,9 @@ TrainSpec TrainSpec::FromArgs(const std::vector<std::string>& a) {
   s.clip = std::stod(a[7]);
   s.seed = std::stoull(a[8]);
   s.optimizer = a[9];
+  s.ac = a[10];
+  s.ac_every = std::stoi(a[11]);
+  s.dropout = std::stod(a[12]);
   return s;
 }
 
@@ -219,11 +229,21 @@ std::string TrainSpec::Name() const {
   if (grad_accum > 1) s << "/accum=" << grad_accum;
   if (clip > 0) s << "/clip=" << clip;
   if (optimizer != "adamw") s << "/" << optimizer;
+  if (ac != "none") s << "/ac=" << Policy(*this).ToString();
+  if (dropout > 0) s << "/dropout=" << dropout;
   return s.str();
 }
 
 TrainOutput TrainReference(const TrainSpec& spec, int world) {
   Model m = BuildModel(spec);
+  // The modules a sharded run checkpoints: every ac_every-th inner unit.
+  const auto policy = Policy(spec);
+  for (size_t i = 0; policy.enabled() && i < m.units.size(); ++i) {
+    if ((i + 1) % (policy.mode == fsdp::ActivationCheckpointing::Mode::kFull
+                       ? 1 : policy.every) == 0) {
+      fsdp::checkpoint_module(m.units[i]);
+    }
+  }
   auto optimizer = MakeOptimizer(spec, *m.root);
   TrainOutput out;
   const int64_t rows = world * spec.batch_per_rank * spec.grad_accum;
@@ -264,8 +284,10 @@ TrainOutput TrainSharded(const TrainSpec& spec,
   }
   for (auto& unit : m.units) fsdp::fully_shard(unit, options);
   fsdp::fully_shard(m.root, options);
+  fsdp::apply_activation_checkpointing(*m.root, Policy(spec));
   auto optimizer = MakeOptimizer(spec, *m.root);
   fsdp::reset_peak_unsharded_param_bytes();
+  fsdp::reset_comm_wait_stats(*m.root);
 
   TrainOutput out;
   const int n = world->size(), rank = world->rank();
@@ -293,6 +315,13 @@ TrainOutput TrainSharded(const TrainSpec& spec,
   }
   out.stats = fsdp::memory_stats(*m.root);
   out.peak_unsharded_bytes = fsdp::peak_unsharded_param_bytes();
+  std::vector<std::shared_ptr<torch::nn::Module>> units = m.units;
+  units.push_back(m.root);
+  for (const auto& unit : units) {
+    const fsdp::CommWaitStats comm = fsdp::comm_wait_stats(*unit);
+    out.all_gathers.push_back(comm.all_gathers);
+    out.reductions.push_back(comm.reductions);
+  }
   out.params = fsdp::full_state_dict(*m.root);
   return out;
 }
@@ -308,6 +337,11 @@ void WriteOutput(const std::string& path, const TrainOutput& out) {
     << out.stats.sharded_grad_bytes << " " << out.stats.unsharded_param_bytes
     << " " << out.stats.unsharded_grad_bytes << " "
     << out.stats.total_param_numel << " " << out.peak_unsharded_bytes << "\n";
+  f << "comm";
+  for (size_t i = 0; i < out.all_gathers.size(); ++i) {
+    f << " " << out.all_gathers[i] << " " << out.reductions[i];
+  }
+  f << "\n";
   for (const auto& [name, t] : out.params) {
     at::Tensor flat = t.to(at::kDouble).reshape({-1}).contiguous();
     f << "param " << name << " " << flat.numel();
@@ -334,6 +368,11 @@ TrainOutput ReadOutput(const std::string& path) {
       s >> out.stats.sharded_param_bytes >> out.stats.sharded_grad_bytes >>
           out.stats.unsharded_param_bytes >> out.stats.unsharded_grad_bytes >>
           out.stats.total_param_numel >> out.peak_unsharded_bytes;
+    } else if (kind == "comm") {
+      for (int64_t g, r; s >> g >> r;) {
+        out.all_gathers.push_back(g);
+        out.reductions.push_back(r);
+      }
     } else if (kind == "param") {
       std::string name;
       int64_t numel;
@@ -353,6 +392,22 @@ double MaxLossRelDiff(const TrainOutput& a, const TrainOutput& b, double floor) 
   for (size_t i = 0; i < a.losses.size(); ++i) {
     worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]) /
                                 std::max(std::abs(b.losses[i]), floor));
+  }
+  return worst;
+}
+
+double MaxParamRelDiff(const TrainOutput& a, const TrainOutput& b, double floor) {
+  if (a.params.size() != b.params.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    if (a.params[i].first != b.params[i].first) return INFINITY;
+    at::Tensor x = a.params[i].second.to(at::kDouble).reshape({-1});
+    at::Tensor y = b.params[i].second.to(at::kDouble).reshape({-1});
+    if (x.numel() != y.numel()) return INFINITY;
+    if (x.numel() == 0) continue;
+    at::Tensor scale = at::maximum(at::maximum(x.abs(), y.abs()),
+                                   at::full_like(x, floor));
+    worst = std::max(worst, ((x - y).abs() / scale).max().item<double>());
   }
   return worst;
 }

@@ -78,6 +78,12 @@ struct TrainSpec {
   double clip = 0;                   // max grad norm; 0 = no clipping
   uint64_t seed = 7;
   std::string optimizer = "adamw";   // adamw | adam | sgd (momentum 0.9)
+  // Activation checkpointing: none | full | selective (every ac_every-th
+  // unit that contains no other unit; the reference checkpoints the same
+  // modules), and the GPT's dropout.
+  std::string ac = "none";
+  int ac_every = 2;
+  double dropout = 0;
 
   std::vector<std::string> ToArgs() const;
   static TrainSpec FromArgs(const std::vector<std::string>& args);
@@ -90,6 +96,9 @@ struct TrainOutput {
   std::vector<std::pair<std::string, at::Tensor>> params;  // full, at the end
   fsdp::MemoryStats stats;  // after the last optimizer step (sharded runs)
   int64_t peak_unsharded_bytes = 0;
+  // Per unit (the inner units in module order, then the root): all-gathers
+  // and gradient reductions over the whole run (sharded runs).
+  std::vector<int64_t> all_gathers, reductions;
 };
 
 // The reference: one process, no FSDP, the global batch of `world` ranks.
@@ -104,6 +113,8 @@ TrainOutput ReadOutput(const std::string& path);
 
 // Largest |a - b| / max(|b|, floor) over the losses.
 double MaxLossRelDiff(const TrainOutput& a, const TrainOutput& b, double floor);
+// Largest |a - b| / max(|a|, |b|, floor) over all parameter elements.
+double MaxParamRelDiff(const TrainOutput& a, const TrainOutput& b, double floor);
 // Largest |a - b| over all parameter elements (same names required); the
 // parameter where it occurs goes to `where` when given.
 double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b,

@@ -299,7 +299,17 @@ std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& text) {
   const std::string family = config["family"].get<std::string>();
   if (family == "gpt") {
     models::GPTConfig c;
-    ReadSizes(config, family,
+    nlohmann::json sizes = config;
+    if (sizes.contains("dropout")) {
+      const nlohmann::json& p = sizes["dropout"];
+      if (!p.is_number()) {
+        throw InvalidArgumentError("model \"gpt\": \"dropout\" must be a number in [0, 1), got " +
+                                   p.dump());
+      }
+      c.dropout = p.get<double>();
+      sizes.erase("dropout");
+    }
+    ReadSizes(sizes, family,
               {{"vocab_size", &c.vocab_size},
                {"block_size", &c.block_size},
                {"n_layer", &c.n_layer},

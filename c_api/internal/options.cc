@@ -95,6 +95,18 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
   out.data_sampler.seed = o.seed;
   out.data_sampler.shuffle = o.shuffle != 0;
   out.data_sampler.drop_last = o.drop_last != 0;
+  Require(o.ac_every >= 1, "ac_every must be at least 1 (checkpoint every k-th block), got " +
+                               std::to_string(o.ac_every));
+  switch (o.activation_checkpointing) {
+    case FSDP2_AC_NONE: break;
+    case FSDP2_AC_FULL: out.activation_checkpointing = fsdp::ActivationCheckpointing::Full(); break;
+    case FSDP2_AC_SELECTIVE:
+      out.activation_checkpointing = fsdp::ActivationCheckpointing::Selective(o.ac_every);
+      break;
+    default:
+      throw InvalidArgumentError("unknown activation_checkpointing " +
+                                 std::to_string(static_cast<int>(o.activation_checkpointing)));
+  }
   return out;
 }
 
@@ -166,6 +178,8 @@ void fsdp2_strategy_options_init(fsdp2_strategy_options_t* o) {
   o->checkpoint_format = FSDP2_CHECKPOINT_SHARDED;
   o->shuffle = 1;
   o->drop_last = 1;
+  o->activation_checkpointing = FSDP2_AC_NONE;
+  o->ac_every = 2;
 }
 
 void fsdp2_optimizer_options_init(fsdp2_optimizer_options_t* o) {

@@ -308,7 +308,10 @@ FSDPUnit* FindUnit(const torch::nn::Module* module) {
   return module ? UnitRegistry::Get().find(*module).get() : nullptr;
 }
 
-void PreForward(FSDPUnit* unit) { unit->pre_forward(); }
+void PreForward(FSDPUnit* unit) {
+  CheckNotInCheckpointedRegion(unit->module());
+  unit->pre_forward();
+}
 at::Tensor CastInput(FSDPUnit* unit, const at::Tensor& t) {
   return unit->cast_input(t);
 }

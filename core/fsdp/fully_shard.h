@@ -30,6 +30,9 @@
 // inside a sharded module that are not sharded themselves are called as
 // usual. Calling a resharded module directly fails with a shape error.
 //
+// A module marked with checkpoint_module() (activation_checkpoint.h) is
+// recomputed in backward instead of keeping its activations.
+//
 // Thread-safety: one training thread per process. The backward pass must be
 // run with Tensor::backward() / torch::autograd::backward (not
 // torch::autograd::grad) and without retain_graph.
@@ -49,6 +52,7 @@
 
 #include "core/comm/device_mesh.h"
 #include "core/comm/process_group.h"
+#include "core/fsdp/activation_checkpoint.h"
 #include "core/fsdp/fsdp_options.h"
 #include "core/fsdp/mixed_precision.h"
 #include "core/fsdp/stats.h"
@@ -258,20 +262,98 @@ struct OutputTensors<std::pair<A, B>> {
   }
 };
 
+// ---- activation checkpointing (activation_checkpoint.h): a forward's
+// arguments kept for its recomputation. Tensors are not kept here (the
+// recomputation gets them back as its inputs); other values are copied.
+template <typename T>
+struct KeptArg {
+  static_assert(!std::is_same<T, std::vector<at::Tensor>>::value &&
+                    !std::is_same<T, c10::optional<at::Tensor>>::value,
+                "a checkpointed module's forward takes tensors as at::Tensor "
+                "arguments (gradients flow into those only)");
+  explicit KeptArg(const T& v) : value(v) {}
+  const T& get(const std::vector<at::Tensor>&, size_t&) const { return value; }
+  T value;
+};
+template <>
+struct KeptArg<at::Tensor> {
+  explicit KeptArg(const at::Tensor&) {}
+  const at::Tensor& get(const std::vector<at::Tensor>& inputs, size_t& next) const {
+    return inputs[next++];
+  }
+};
+
+inline void CollectTensorArg(FSDPUnit* unit, const at::Tensor& t,
+                             std::vector<at::Tensor>& out) {
+  out.push_back(unit != nullptr ? CastInput(unit, t) : t);
+}
+template <typename T>
+void CollectTensorArg(FSDPUnit*, const T&, std::vector<at::Tensor>&) {}
+
+// module->forward(args...) as a checkpointed region (CheckpointForward).
+template <typename M, typename... Args>
+auto CheckpointedForward(FSDPUnit* unit, M module, Args&&... args) {
+  using Out = decltype(module->forward(std::forward<Args>(args)...));
+  std::vector<at::Tensor> inputs;
+  (CollectTensorArg(unit, args, inputs), ...);
+  using Kept = std::tuple<KeptArg<std::decay_t<Args>>...>;
+  auto kept = std::make_shared<Kept>(KeptArg<std::decay_t<Args>>(args)...);
+  // The forward's result, to rebuild the output from its tensors; only the
+  // first run (the forward, not the recomputation) fills it.
+  struct Shape {
+    c10::optional<Out> out;
+    bool filled = false;
+  };
+  auto shape = std::make_shared<Shape>();
+  RunFn run = [module, kept, shape](const std::vector<at::Tensor>& tensors) mutable {
+    size_t next = 0;
+    Out out = std::apply(
+        [&](const auto&... k) {
+          // Braced initialisation takes the tensors in argument order.
+          std::tuple<decltype(k.get(tensors, next))...> a{k.get(tensors, next)...};
+          return std::apply([&](const auto&... x) { return module->forward(x...); }, a);
+        },
+        *kept);
+    std::vector<at::Tensor> flat;
+    OutputTensors<Out>::collect(out, flat);
+    if (!shape->filled) {
+      shape->filled = true;
+      shape->out = std::move(out);
+    }
+    return flat;
+  };
+  std::vector<at::Tensor> flat =
+      CheckpointForward(unit, ModulePtr(module), std::move(run), std::move(inputs));
+  size_t i = 0;
+  Out result = OutputTensors<Out>::rebuild(*shape->out, flat, i);
+  shape->out.reset();  // it holds the forward's tensors
+  return result;
+}
+
 }  // namespace internal
 
 // Runs module->forward(args...) under FSDP: unshards before, reshards after
 // and hooks the backward pass. A module that is not sharded just runs.
-// Tensor arguments are cast to param_dtype when the policy asks for it.
+// Tensor arguments are cast to param_dtype when the policy asks for it. A
+// module marked with checkpoint_module() runs as a checkpointed region
+// (activation_checkpoint.h), sharded or not.
 template <typename M, typename... Args>
 auto forward(M module, Args&&... args) {
-  FSDPUnit* unit = internal::FindUnit(internal::ModulePtr(module));
-  if (unit == nullptr) return module->forward(std::forward<Args>(args)...);
+  torch::nn::Module* ptr = internal::ModulePtr(module);
+  FSDPUnit* unit = internal::FindUnit(ptr);
+  const bool checkpointed = internal::UseCheckpoint(ptr);
+  if (unit == nullptr) {
+    if (checkpointed) {
+      return internal::CheckpointedForward(nullptr, module, std::forward<Args>(args)...);
+    }
+    return module->forward(std::forward<Args>(args)...);
+  }
   internal::PreForward(unit);
   using Out = decltype(module->forward(std::forward<Args>(args)...));
   try {
-    Out out = module->forward(
-        internal::CastArg(unit, std::forward<Args>(args))...);
+    Out out = checkpointed
+                  ? internal::CheckpointedForward(unit, module, std::forward<Args>(args)...)
+                  : module->forward(internal::CastArg(unit, std::forward<Args>(args))...);
     std::vector<at::Tensor> flat;
     internal::OutputTensors<Out>::collect(out, flat);
     flat = internal::PostForward(unit, std::move(flat));

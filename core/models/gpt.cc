@@ -28,6 +28,10 @@ void GPTConfig::Validate() const {
                                 ") must be a multiple of n_head (" +
                                 std::to_string(n_head) + ")");
   }
+  if (!(dropout >= 0 && dropout < 1)) {
+    throw InvalidArgumentError("GPTConfig: dropout must be in [0, 1), got " +
+                                std::to_string(dropout));
+  }
 }
 
 int64_t GPTConfig::NumParams() const {
@@ -44,7 +48,9 @@ std::string GPTConfig::ToString() const {
   std::ostringstream s;
   s << "GPT(vocab_size=" << vocab_size << ", block_size=" << block_size
     << ", n_layer=" << n_layer << ", n_head=" << n_head << ", n_embd=" << n_embd
-    << ", params=" << NumParams() << ")";
+    << ", params=" << NumParams();
+  if (dropout > 0) s << ", dropout=" << dropout;
+  s << ")";
   return s.str();
 }
 
@@ -58,8 +64,13 @@ void InitLinear(torch::nn::Linear& linear, double std) {
 
 }  // namespace
 
+at::Tensor Dropout(const at::Tensor& x, double p, bool training) {
+  if (p == 0 || !training) return x;
+  return at::dropout(x, p, /*train=*/true);
+}
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
-    : head_dim_(config.n_embd / config.n_head) {
+    : head_dim_(config.n_embd / config.n_head), dropout_(config.dropout) {
   qkv = register_module(
       "qkv", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
   proj = register_module("proj",
@@ -85,12 +96,12 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor causal =
       at::ones({T, T}, x.options().dtype(at::kBool)).triu(/*diagonal=*/1);
   att = att.masked_fill(causal, -std::numeric_limits<double>::infinity());
-  att = at::softmax(att, /*dim=*/-1);
+  att = Dropout(at::softmax(att, /*dim=*/-1), dropout_, is_training());
   at::Tensor y = at::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
-  return tp::forward(proj, y);
+  return Dropout(tp::forward(proj, y), dropout_, is_training());
 }
 
-BlockImpl::BlockImpl(const GPTConfig& config) {
+BlockImpl::BlockImpl(const GPTConfig& config) : dropout_(config.dropout) {
   ln1 = register_module(
       "ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
   attn = register_module("attn", CausalSelfAttention(config));
@@ -106,7 +117,8 @@ BlockImpl::BlockImpl(const GPTConfig& config) {
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
   at::Tensor h = x + attn->forward(ln1->forward(x));
-  return h + tp::forward(fc_proj, F::gelu(tp::forward(fc, ln2->forward(h))));
+  at::Tensor m = tp::forward(fc_proj, F::gelu(tp::forward(fc, ln2->forward(h))));
+  return h + Dropout(m, dropout_, is_training());
 }
 
 GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
@@ -148,7 +160,8 @@ at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
   TORCH_CHECK(T <= config_.block_size, "GPT: sequence length ", T,
               " exceeds block_size ", config_.block_size);
   at::Tensor positions = at::arange(T, tokens.options().dtype(at::kLong));
-  at::Tensor x = wte->forward(tokens) + wpe->forward(positions);
+  at::Tensor x = Dropout(wte->forward(tokens) + wpe->forward(positions),
+                         config_.dropout, is_training());
   for (size_t i = 0; i < blocks->size(); ++i) x = fsdp::forward(block(i), x);
   x = ln_f->forward(x);
   return F::linear(x, wte->weight);  // LM head tied to the token embedding

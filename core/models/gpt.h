@@ -33,9 +33,13 @@ struct GPTConfig {
   int64_t n_layer = 2;
   int64_t n_head = 2;
   int64_t n_embd = 64;
+  // Dropout probability in training (GPT-2's places: after the embeddings,
+  // on the attention weights, after each residual branch). 0: no dropout
+  // op runs at all, and no random number is drawn.
+  double dropout = 0;
 
-  // Throws std::invalid_argument if a size is not positive or n_embd is not a
-  // multiple of n_head.
+  // Throws std::invalid_argument if a size is not positive, n_embd is not a
+  // multiple of n_head, or dropout is outside [0, 1).
   void Validate() const;
   // Parameter count (the tied head counted once).
   int64_t NumParams() const;
@@ -53,6 +57,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t head_dim_;
+  double dropout_;
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -64,6 +69,9 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::Linear fc{nullptr}, fc_proj{nullptr};
+
+ private:
+  double dropout_;
 };
 TORCH_MODULE(Block);
 
@@ -89,6 +97,10 @@ class GPTImpl : public torch::nn::Module,
   GPTConfig config_;
 };
 TORCH_MODULE(GPT);
+
+// Dropout with probability `p` in training; `x` itself when p is 0 or the
+// module is in evaluation mode.
+at::Tensor Dropout(const at::Tensor& x, double p, bool training);
 
 // Mean cross-entropy of logits [B, T, V] against targets [B, T].
 at::Tensor LanguageModelLoss(const at::Tensor& logits, const at::Tensor& targets);

@@ -316,6 +316,8 @@ void FSDP2Strategy::parallelize() {
     infos.push_back({p.key(), p.value().sizes().vec(), p.value().scalar_type()});
   }
   fn(module_->module(), fsdp_options);
+  checkpointed_modules_ = fsdp::apply_activation_checkpointing(
+      *module_->module(), options_.activation_checkpointing);
   if (fsdp::has_deferred_tensors(*module_->module())) {
     fsdp::materialize_module(*module_->module());
   }

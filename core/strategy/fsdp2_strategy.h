@@ -129,6 +129,13 @@ struct FSDP2StrategyOptions {
   std::string checkpoint_format = "sharded";
   uint64_t seed = 0;  // torch::manual_seed on every rank in setup_environment
   ParallelizeFn parallelize_fn;  // empty: DefaultParallelize
+  // Activation checkpointing, applied by parallelize() after parallelize_fn
+  // (fsdp::apply_activation_checkpointing): "full" recomputes every unit
+  // that contains no other unit (the transformer blocks; a model sharded as
+  // one unit, such as a TorchScript model, as a whole), "selective" every
+  // k-th of them. Tensor-parallel blocks are recomputed with their
+  // collectives. See core/fsdp/activation_checkpoint.h.
+  fsdp::ActivationCheckpointing activation_checkpointing;
 };
 
 // This rank's rows of a dataset held as tensors with a common first dim,
@@ -283,6 +290,11 @@ class FSDP2Strategy {
   // load_model_state_dict and lightning_module_state_dict use. Throws
   // FailedPreconditionError before parallelize().
   const std::vector<ParameterInfo>& parameter_infos() const;
+  // The modules parallelize() checkpointed (activation_checkpointing), as
+  // the model's named_modules() names them ("" for the root).
+  const std::vector<std::string>& checkpointed_modules() const {
+    return checkpointed_modules_;
+  }
 
   const FSDP2StrategyOptions& options() const { return options_; }
   const ClusterEnvironment& cluster() const { return cluster_; }
@@ -318,6 +330,7 @@ class FSDP2Strategy {
   std::unique_ptr<checkpoint::BackgroundSaver> saver_;  // background saves
   bool parallelized_ = false;
   std::vector<ParameterInfo> parameter_infos_;
+  std::vector<std::string> checkpointed_modules_;
   c10::optional<std::string> pending_optimizer_state_;
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;

@@ -245,8 +245,8 @@ class Model(_Handle):
 
     @classmethod
     def gpt(cls, **sizes):
-        """GPT-style decoder: vocab_size, block_size, n_layer, n_head, n_embd.
-        Batch: [tokens [B,T] int, targets [B,T] int]."""
+        """GPT-style decoder: vocab_size, block_size, n_layer, n_head, n_embd,
+        dropout (default 0). Batch: [tokens [B,T] int, targets [B,T] int]."""
         return cls.from_config(dict(family="gpt", **sizes))
 
     @classmethod
@@ -298,8 +298,11 @@ class FSDP2Strategy(_Handle):
     ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
     reshard_after_forward, shard_group_size, precision ("bf16", "fp32"),
     cpu_offload, backend ("gloo", "nccl"), timeout_ms, checkpoint_format
-    ("sharded", "full"), seed, shuffle, drop_last. Unknown options raise
-    InvalidArgumentError with the library's message.
+    ("sharded", "full"), seed, shuffle, drop_last, activation_checkpointing
+    ("none", "full", "selective", or False/True: recompute every transformer
+    block's activations in backward instead of keeping them; selective:
+    every ac_every-th block). Unknown options raise InvalidArgumentError
+    with the library's message.
     """
 
     _destroy = staticmethod(_c.fsdp2_strategy_destroy)

@@ -106,6 +106,25 @@ public final class FSDP2Strategy extends Handle {
       return set("drop_last", dropLast);
     }
 
+    /**
+     * Activation checkpointing: none (the default), full (every transformer block recomputes
+     * its activations in backward instead of keeping them) or selective (every
+     * {@link #acEvery}-th block).
+     */
+    public Builder activationCheckpointing(String mode) {
+      return set("activation_checkpointing", mode);
+    }
+
+    /** true: full activation checkpointing; false: none. */
+    public Builder activationCheckpointing(boolean enabled) {
+      return set("activation_checkpointing", enabled);
+    }
+
+    /** Selective activation checkpointing: every k-th block (default 2). */
+    public Builder acEvery(int k) {
+      return set("ac_every", k);
+    }
+
     /** Any option by its C name (a String, Number or Boolean); unknown names fail in build(). */
     public Builder set(String key, Object value) {
       options.put(key, value);

@@ -33,7 +33,7 @@ public final class Model extends Handle {
     return new Model(out[0]);
   }
 
-  /** The GPT with the given sizes (vocab_size, block_size, n_layer, n_head, n_embd). */
+  /** The GPT with the given sizes (vocab_size, block_size, n_layer, n_head, n_embd; dropout). */
   public static Model gpt(Map<String, Object> sizes) {
     Map<String, Object> config = new LinkedHashMap<>();
     config.put("family", "gpt");

@@ -6,7 +6,8 @@ import java.util.Map;
 /**
  * One rank of the multi-JVM test: trains the GPT on this rank's rows of a
  * fixed sequence of global batches and writes (rank 0) the losses and the
- * full token embedding. Usage: TrainWorker OUT STEPS.
+ * full token embedding. Usage: TrainWorker OUT STEPS [deferred] [ac=MODE]
+ * [dropout=P].
  */
 public final class TrainWorker {
   static final int VOCAB = 32, BLOCK = 8, ROWS = 12;
@@ -33,8 +34,9 @@ public final class TrainWorker {
     return new Tensor[] {Tensor.ofLongs(t, n, BLOCK), Tensor.ofLongs(y, n, BLOCK)};
   }
 
-  static FSDP2Strategy newStrategy(boolean deferred) {
-    FSDP2Strategy s = FSDP2Strategy.builder().precision("fp32").seed(11).build();
+  static FSDP2Strategy newStrategy(boolean deferred, String ac, double dropout) {
+    FSDP2Strategy s = FSDP2Strategy.builder().precision("fp32").seed(11)
+        .activationCheckpointing(ac).build();
     s.setupEnvironment();
     // Two JVMs that each formed a world of one would train exactly like the
     // one-rank run: make sure this one joined the world it was started in.
@@ -49,7 +51,7 @@ public final class TrainWorker {
     FSDP2Strategy.InitContext context = deferred ? s.tensorInitContext() : null;
     try {
       m = Model.gpt(Map.of("vocab_size", VOCAB, "block_size", BLOCK, "n_layer", 2,
-          "n_head", 2, "n_embd", 16));
+          "n_head", 2, "n_embd", 16, "dropout", dropout));
     } finally {
       if (context != null) context.close();
     }
@@ -62,8 +64,21 @@ public final class TrainWorker {
 
   public static void main(String[] args) throws Exception {
     int steps = Integer.parseInt(args[1]);
-    boolean deferred = args.length > 2 && args[2].equals("deferred");
-    try (FSDP2Strategy s = newStrategy(deferred)) {
+    boolean deferred = false;
+    String ac = "none";
+    double dropout = 0;
+    for (int i = 2; i < args.length; ++i) {
+      if (args[i].equals("deferred")) {
+        deferred = true;
+      } else if (args[i].startsWith("ac=")) {
+        ac = args[i].substring(3);
+      } else if (args[i].startsWith("dropout=")) {
+        dropout = Double.parseDouble(args[i].substring(8));
+      } else {
+        throw new IllegalArgumentException("unknown argument " + args[i]);
+      }
+    }
+    try (FSDP2Strategy s = newStrategy(deferred, ac, dropout)) {
       double[] losses = new double[steps];
       for (int i = 0; i < steps; ++i) losses[i] = s.trainingStep(i, 2, 0.5, localBatch(s, i)).loss;
       float[] wte = s.getParameter("wte.weight").toFloatArray();  // collective
