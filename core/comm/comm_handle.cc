@@ -17,11 +17,11 @@ CommLane::~CommLane() {
 }
 
 CommHandle CommLane::submit(std::function<void()> task) {
-  std::packaged_task<void()> packaged(std::move(task));
-  std::shared_future<void> done = packaged.get_future().share();
+  Task queued{std::move(task), std::promise<void>()};
+  std::shared_future<void> done = queued.done.get_future().share();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(packaged));
+    queue_.push_back(std::move(queued));
   }
   cv_.notify_one();
   return CommHandle(std::move(done));
@@ -29,7 +29,7 @@ CommHandle CommLane::submit(std::function<void()> task) {
 
 void CommLane::run() {
   for (;;) {
-    std::packaged_task<void()> task;
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
@@ -37,7 +37,18 @@ void CommLane::run() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    task();  // exceptions land in the task's future
+    std::exception_ptr error;
+    try {
+      task.fn();
+    } catch (...) {
+      error = std::current_exception();  // lands in the task's future
+    }
+    task.fn = nullptr;  // release what it captured before anyone is woken
+    if (error) {
+      task.done.set_exception(error);
+    } else {
+      task.done.set_value();
+    }
   }
 }
 

@@ -62,7 +62,15 @@ class CommLane {
   std::string name_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
+  // A queued task and its completion. The worker destroys `fn` (and the
+  // tensors it captured) before completing `done`, so a caller that waited
+  // for the handle finds those tensors released (the engine's buffer pool
+  // relies on it).
+  struct Task {
+    std::function<void()> fn;
+    std::promise<void> done;
+  };
+  std::deque<Task> queue_;
   bool stopping_ = false;
   std::thread thread_;
 };
