@@ -21,6 +21,31 @@ std::shared_ptr<models::GPTModule> TestGPTModule(const models::GPTConfig& config
   return std::make_shared<models::GPTModule>(config, TestOptimizer("adamw"), at::kDouble);
 }
 
+models::GPTConfig HeadsGPT(int64_t n_head) {
+  models::GPTConfig c = TinyGPT();
+  c.n_head = n_head;
+  c.n_embd = 24;
+  return c;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> InitialGPTState(const models::GPTConfig& config,
+                                                               uint64_t seed) {
+  torch::manual_seed(seed);
+  auto m = TestGPTModule(config);
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (const auto& item : m->module()->named_parameters()) {
+    state.emplace_back(item.key(), item.value().detach().clone());
+  }
+  return state;
+}
+
+strategy::DistributedSamplerOptions TestSamplerOptions(uint64_t seed, int64_t global_batch) {
+  strategy::DistributedSamplerOptions o;
+  o.seed = seed;
+  o.global_batch_size = global_batch;
+  return o;
+}
+
 std::shared_ptr<models::MLPModule> TestMLPModule(const models::MLPConfig& config) {
   return std::make_shared<models::MLPModule>(config, TestOptimizer("adamw"));
 }

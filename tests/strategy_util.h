@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/models/gpt_module.h"
@@ -30,6 +32,19 @@ strategy::FSDP2StrategyOptions TestStrategyOptions(uint64_t seed, uint64_t sampl
 // The GPT of `config` in float64 with TestOptimizer("adamw"); built from
 // the default generator like any module.
 std::shared_ptr<models::GPTModule> TestGPTModule(const models::GPTConfig& config = TinyGPT());
+
+// TinyGPT with `n_head` heads and n_embd 24 (12 heads of 2 by default:
+// tensor parallelism over 2, 3 or 4 ranks splits whole heads).
+models::GPTConfig HeadsGPT(int64_t n_head = 12);
+
+// The parameters (names and detached copies) of TestGPTModule(config)
+// built after torch::manual_seed(seed): a full state dict for every run of
+// a test to start from, whatever the strategy's own seed.
+std::vector<std::pair<std::string, at::Tensor>> InitialGPTState(const models::GPTConfig& config,
+                                                               uint64_t seed);
+
+// A sampler of `global_batch` rows per step shuffled with `seed`.
+strategy::DistributedSamplerOptions TestSamplerOptions(uint64_t seed, int64_t global_batch);
 
 // The MLP of `config` in float32 (as built) with TestOptimizer("adamw").
 std::shared_ptr<models::MLPModule> TestMLPModule(const models::MLPConfig& config);

@@ -245,33 +245,16 @@ constexpr int64_t kGlobalBatch = 12;
 constexpr int64_t kRows = 96;
 constexpr double kClip = 0.5;
 
-// TinyGPT with 12 heads of 2 (n_embd 24): tp = 2, 3, 4 split whole heads.
-models::GPTConfig HeadsGPT(int64_t n_head = 12) {
-  models::GPTConfig c = TinyGPT();
-  c.n_head = n_head;
-  c.n_embd = 24;
-  return c;
-}
-
 Batch Dataset() { return TokenWindows(HeadsGPT().vocab_size, kRows); }
 
 // The full state dict every run starts from (not the strategy's seed, so
 // loading it into the parallel model is what makes the runs agree).
 std::vector<std::pair<std::string, at::Tensor>> InitialState() {
-  torch::manual_seed(kInitSeed);
-  auto m = TestGPTModule(HeadsGPT());
-  std::vector<std::pair<std::string, at::Tensor>> state;
-  for (const auto& item : m->module()->named_parameters()) {
-    state.emplace_back(item.key(), item.value().detach().clone());
-  }
-  return state;
+  return InitialGPTState(HeadsGPT(), kInitSeed);
 }
 
 strategy::DistributedSamplerOptions SamplerOptions() {
-  strategy::DistributedSamplerOptions o;
-  o.seed = kSamplerSeed;
-  o.global_batch_size = kGlobalBatch;
-  return o;
+  return TestSamplerOptions(kSamplerSeed, kGlobalBatch);
 }
 
 strategy::FSDP2StrategyOptions Options() { return TestStrategyOptions(kSeed, kSamplerSeed); }

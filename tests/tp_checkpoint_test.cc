@@ -30,31 +30,14 @@ constexpr int64_t kRows = 96;
 constexpr double kClip = 0.5;
 constexpr int kSavedAt = 2, kEnd = 4;
 
-// 12 heads of 2: tp = 2 and 3 split whole heads.
-models::GPTConfig HeadsGPT() {
-  models::GPTConfig c = TinyGPT();
-  c.n_head = 12;
-  c.n_embd = 24;
-  return c;
-}
-
 strategy::Batch Dataset() { return TokenWindows(HeadsGPT().vocab_size, kRows); }
 
 std::vector<std::pair<std::string, at::Tensor>> InitialState() {
-  torch::manual_seed(kInitSeed);
-  auto m = TestGPTModule(HeadsGPT());
-  std::vector<std::pair<std::string, at::Tensor>> state;
-  for (const auto& item : m->module()->named_parameters()) {
-    state.emplace_back(item.key(), item.value().detach().clone());
-  }
-  return state;
+  return InitialGPTState(HeadsGPT(), kInitSeed);
 }
 
 strategy::DistributedSamplerOptions SamplerOptions() {
-  strategy::DistributedSamplerOptions o;
-  o.seed = kSamplerSeed;
-  o.global_batch_size = kGlobalBatch;
-  return o;
+  return TestSamplerOptions(kSamplerSeed, kGlobalBatch);
 }
 
 // args: dp tp "save"|"save_async" DIR FORMAT | dp tp "load" DIR. Saves
