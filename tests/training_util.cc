@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 
@@ -396,32 +397,40 @@ double MaxLossRelDiff(const TrainOutput& a, const TrainOutput& b, double floor) 
   return worst;
 }
 
-double MaxParamRelDiff(const TrainOutput& a, const TrainOutput& b, double floor) {
-  if (a.params.size() != b.params.size()) return INFINITY;
-  double worst = 0;
+namespace {
+
+// Calls fn(i, x, y) with the i-th parameters of `a` and `b` as flat float64
+// tensors, skipping empty ones; false when the names, the count or a size
+// differ.
+bool ForEachParamPair(
+    const TrainOutput& a, const TrainOutput& b,
+    const std::function<void(size_t, const at::Tensor&, const at::Tensor&)>& fn) {
+  if (a.params.size() != b.params.size()) return false;
   for (size_t i = 0; i < a.params.size(); ++i) {
-    if (a.params[i].first != b.params[i].first) return INFINITY;
+    if (a.params[i].first != b.params[i].first) return false;
     at::Tensor x = a.params[i].second.to(at::kDouble).reshape({-1});
     at::Tensor y = b.params[i].second.to(at::kDouble).reshape({-1});
-    if (x.numel() != y.numel()) return INFINITY;
-    if (x.numel() == 0) continue;
-    at::Tensor scale = at::maximum(at::maximum(x.abs(), y.abs()),
-                                   at::full_like(x, floor));
-    worst = std::max(worst, ((x - y).abs() / scale).max().item<double>());
+    if (x.numel() != y.numel()) return false;
+    if (x.numel() > 0) fn(i, x, y);
   }
-  return worst;
+  return true;
+}
+
+}  // namespace
+
+double MaxParamRelDiff(const TrainOutput& a, const TrainOutput& b, double floor) {
+  double worst = 0;
+  const bool same = ForEachParamPair(a, b, [&](size_t, const at::Tensor& x, const at::Tensor& y) {
+    at::Tensor scale = at::maximum(at::maximum(x.abs(), y.abs()), at::full_like(x, floor));
+    worst = std::max(worst, ((x - y).abs() / scale).max().item<double>());
+  });
+  return same ? worst : INFINITY;
 }
 
 double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b,
                        std::string* where) {
-  if (a.params.size() != b.params.size()) return INFINITY;
   double worst = 0;
-  for (size_t i = 0; i < a.params.size(); ++i) {
-    if (a.params[i].first != b.params[i].first) return INFINITY;
-    at::Tensor x = a.params[i].second.to(at::kDouble).reshape({-1});
-    at::Tensor y = b.params[i].second.to(at::kDouble).reshape({-1});
-    if (x.numel() != y.numel()) return INFINITY;
-    if (x.numel() == 0) continue;
+  const bool same = ForEachParamPair(a, b, [&](size_t i, const at::Tensor& x, const at::Tensor& y) {
     const double diff = (x - y).abs().max().item<double>();
     if (diff > worst && where != nullptr) {
       const int64_t at = (x - y).abs().argmax().item<int64_t>();
@@ -432,8 +441,8 @@ double MaxParamAbsDiff(const TrainOutput& a, const TrainOutput& b,
       *where = w.str();
     }
     worst = std::max(worst, diff);
-  }
-  return worst;
+  });
+  return same ? worst : INFINITY;
 }
 
 }  // namespace testing
