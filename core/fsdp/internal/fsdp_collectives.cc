@@ -24,21 +24,33 @@ at::Tensor CopyInForReduce(const std::vector<FSDPParam>& params,
                            std::vector<at::Tensor>& grads, int world,
                            int64_t flat, bool padded,
                            const at::TensorOptions& options) {
-  at::Tensor input = internal::BufferPool::Get().empty({world * flat}, options);
+  const int64_t n = static_cast<int64_t>(params.size());
+  const int64_t width = flat + n;
+  at::Tensor input = internal::BufferPool::Get().empty({world * width}, options);
   bool all_defined = true;
-  for (const auto& g : grads) all_defined = all_defined && g.defined();
-  if (padded || !all_defined) input.zero_();
-  const at::Tensor by_rank = input.view({world, flat});
-  for (size_t i = 0; i < params.size(); ++i) {
+  std::vector<double> flags(n, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    flags[i] = grads[i].defined() ? 1.0 : 0.0;
+    all_defined = all_defined && grads[i].defined();
+  }
+  const at::Tensor by_rank = input.view({world, width});
+  if (padded || !all_defined) by_rank.narrow(1, 0, flat).zero_();
+  for (int64_t i = 0; i < n; ++i) {
     if (!grads[i].defined()) continue;
     params[i].copy_grad_to(grads[i], by_rank);
     grads[i] = at::Tensor();  // copied: let it go while the rest are copied
+  }
+  if (n > 0) {
+    const at::Tensor flag_row =
+        at::tensor(flags, at::TensorOptions().dtype(at::kDouble))
+            .to(input.device(), input.scalar_type());
+    by_rank.narrow(1, flat, n).copy_(flag_row.expand({world, n}));
   }
   return input;
 }
 
 PendingReduction ReduceGrads(
-    at::Tensor input, int64_t flat,
+    at::Tensor input, int64_t width,
     const std::shared_ptr<comm::ProcessGroup>& shard_group,
     const std::shared_ptr<comm::ProcessGroup>& replicate_group,
     int64_t data_parallel_size) {
@@ -54,7 +66,7 @@ PendingReduction ReduceGrads(
         comm::Lane::kGradient, [output = out.output, dp] { output.div_(dp); });
     return out;
   }
-  out.output = internal::BufferPool::Get().empty({flat}, input.options());
+  out.output = internal::BufferPool::Get().empty({width}, input.options());
   comm::CommHandle scattered = shard_group->reduce_scatter_flat(out.output, input);
   out.done = shard_group->submit(
       comm::Lane::kGradient,

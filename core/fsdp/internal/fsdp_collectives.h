@@ -33,28 +33,35 @@ std::vector<comm::ProcessGroup::Piece> CopyInForAllGather(
     const std::vector<FSDPParam>& params, const at::Tensor& unsharded,
     int world, int rank);
 
-// Copy-in for the reduction: a rank-major buffer from the engine's pool ([world * flat] of
-// `options`) holding every defined gradient in `grads` (one per parameter,
-// full size) at its parameter's place, zeros elsewhere (padding, undefined
-// gradients). Each gradient is released as soon as it has been copied.
+// Copy-in for the reduction: a rank-major buffer from the engine's pool
+// ([world, flat + params.size()] of `options`, returned flat). Row r holds
+// what rank r receives: every defined gradient in `grads` (one per
+// parameter, full size) at its parameter's place, zeros elsewhere (padding,
+// undefined gradients), then one contribution flag per parameter (1: this
+// rank has a gradient for it, 0: none). Summed by the reduction, the flags
+// count the ranks that contributed, so that every rank learns whether a
+// parameter got a gradient anywhere without a collective of its own. Each
+// gradient is released as soon as it has been copied.
 at::Tensor CopyInForReduce(const std::vector<FSDPParam>& params,
                            std::vector<at::Tensor>& grads, int world,
                            int64_t flat, bool padded,
                            const at::TensorOptions& options);
 
-// A gradient reduction in flight: `output` ([flat], reduce dtype) holds this
-// rank's reduced, averaged gradients once `done` completes.
+// A gradient reduction in flight: `output` ([width], reduce dtype; width =
+// flat + the number of flags) holds this rank's reduced, averaged gradients
+// and the averaged contribution flags once `done` completes.
 struct PendingReduction {
   at::Tensor output;
   comm::CommHandle done;
 };
 
-// The reduction, on the gradient lane: reduce-scatter `input` over
-// `shard_group` (null: one shard, `input` becomes the output), sum over
-// `replicate_group` (null: no replicas), divide by `data_parallel_size`.
-// At least one group is non-null. `input` is scratch space afterwards.
+// The reduction, on the gradient lane: reduce-scatter `input` ([world *
+// width]) over `shard_group` (null: one shard, `input` becomes the output),
+// sum over `replicate_group` (null: no replicas), divide by
+// `data_parallel_size`. At least one group is non-null. `input` is scratch
+// space afterwards.
 PendingReduction ReduceGrads(
-    at::Tensor input, int64_t flat,
+    at::Tensor input, int64_t width,
     const std::shared_ptr<comm::ProcessGroup>& shard_group,
     const std::shared_ptr<comm::ProcessGroup>& replicate_group,
     int64_t data_parallel_size);

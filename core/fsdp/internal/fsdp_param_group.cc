@@ -250,8 +250,17 @@ void FSDPParamGroup::reshard() {
 
 // ------------------------------------------------------------------ reducing
 
+bool FSDPParamGroup::reduces() const {
+  if (!requires_grad_sync_ || (!shard_group_ && !replicate_group_)) return false;
+  for (const FSDPParam& p : params_) {
+    if (p.requires_grad()) return true;
+  }
+  return false;
+}
+
 at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
   const size_t n = params_.size();
+  grads.resize(n);
   if (!requires_grad_sync_) {
     // Accumulate locally; a later synced backward reduces the sum.
     no_sync_grads_.resize(n);
@@ -266,17 +275,14 @@ at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
     }
     return at::Tensor();
   }
-  bool any = false;
   for (size_t i = 0; i < n; ++i) {
     if (i < no_sync_grads_.size() && no_sync_grads_[i].defined()) {
       grads[i] = grads[i].defined()
                      ? no_sync_grads_[i].add_(grads[i].to(reduce_dtype_))
                      : no_sync_grads_[i];
     }
-    any = any || grads[i].defined();
   }
   no_sync_grads_.clear();
-  if (!any) return at::Tensor();  // nothing reached this unit
 
   const auto copy_start = std::chrono::steady_clock::now();
   if (!shard_group_ && !replicate_group_) {
@@ -289,6 +295,7 @@ at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
     AddSecondsSince(copy_start, wait_stats_.copy_in_s);
     return at::Tensor();
   }
+  if (!reduces()) return at::Tensor();  // frozen: nothing to reduce
   at::Tensor input =
       CopyInForReduce(params_, grads, shard_world_, flat_numel_, has_padding_,
                       compute_options_.dtype(reduce_dtype_));
@@ -298,8 +305,8 @@ at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
 }
 
 void FSDPParamGroup::start_reduction(at::Tensor input) {
-  reduction_ = ReduceGrads(std::move(input), flat_numel_, shard_group_,
-                           replicate_group_, data_parallel_size_);
+  reduction_ = ReduceGrads(std::move(input), flat_numel_ + params_.size(),
+                           shard_group_, replicate_group_, data_parallel_size_);
   reduction_pending_ = true;
 }
 
@@ -309,8 +316,17 @@ void FSDPParamGroup::finish_reduction() {
   PendingReduction reduction = std::move(reduction_);
   reduction_ = PendingReduction();
   WaitTimed(reduction.done, wait_stats_.reduce_wait_s);
-  for (FSDPParam& p : params_) {
-    if (p.requires_grad()) p.accumulate_grad(p.reduced_grad_view(reduction.output));
+  // The contribution flags, summed over the ranks and divided like the
+  // gradients: positive where some rank had a gradient.
+  const at::Tensor contributed =
+      reduction.output.narrow(0, flat_numel_, params_.size())
+          .to(at::kCPU, at::kDouble).contiguous();
+  const double* flags = contributed.data_ptr<double>();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    FSDPParam& p = params_[i];
+    if (p.requires_grad() && flags[i] > 0) {
+      p.accumulate_grad(p.reduced_grad_view(reduction.output));
+    }
   }
 }
 

@@ -55,18 +55,35 @@ class FSDPParamGroup {
   void wait_unshard();   // finishes it; the parameters view the buffer
   void reshard();        // frees the buffer (after an all-gather in flight)
 
+  // Whether the unsharded buffer is valid (all-gathered and waited for):
+  // false when sharded or with an all-gather in flight.
+  bool unsharded() const { return state_ == State::kUnsharded; }
+  // Whether unsharding communicates (an all-gather over the shard group).
+  bool gathers() const { return shard_group_ != nullptr && !alias_shards_; }
+
   // ---- gradient reduction
-  // Takes one full-size gradient per parameter (undefined: none reached it)
-  // and returns the reduce-scatter input for start_reduction(), or an
-  // undefined tensor when there is nothing to communicate: gradient sync is
-  // off (the gradients are accumulated for the next synced backward), no
-  // gradient is defined, or there is one rank and no replica (the gradients
-  // go straight to the shards' .grad, cast as a reduction would).
+  // Whether a backward now would communicate this unit's gradients: sync
+  // on, some parameter requires grad, and another rank to reduce with.
+  // The same on every rank (it depends on the options, the mesh and
+  // set_requires_gradient_sync only), so every rank reduces the same units.
+  bool reduces() const;
+  // Takes one full-size gradient per parameter (undefined: none reached it,
+  // also all of them when the unit did not run on this rank) and returns
+  // the reduction input for start_reduction(), or an undefined tensor when
+  // there is nothing to communicate: gradient sync is off (the gradients
+  // are accumulated for the next synced backward), or there is one rank and
+  // no replica (the gradients go straight to the shards' .grad, cast as a
+  // reduction would). While reduces(), the input is defined even when no
+  // gradient is: every rank issues every unit's reduction, and its
+  // contribution flags (fsdp_collectives.h) tell the ranks which
+  // parameters got a gradient anywhere.
   at::Tensor prepare_reduction(std::vector<at::Tensor> grads);
   // Issues the reduction of `input` on the gradient lane.
   void start_reduction(at::Tensor input);
   // Waits for the reduction in flight, if any, and adds it to the shards'
-  // .grad (frozen parameters get none).
+  // .grad of the parameters some rank contributed a gradient to; the others
+  // keep their .grad as it was (undefined stays undefined, as in one process
+  // where nothing reached them). Frozen parameters get none.
   void finish_reduction();
 
   void set_requires_gradient_sync(bool sync) { requires_grad_sync_ = sync; }

@@ -231,14 +231,37 @@ TEST(FSDPCollectives, ReduceCopyInZeroesPaddingAndMissingGradsAndReleasesThem) {
   at::Tensor input = CopyInForReduce(params, grads, world, flat, /*padded=*/true,
                                      at::TensorOptions().dtype(at::kDouble));
   EXPECT_EQ(input.scalar_type(), at::kDouble);
-  EXPECT_EQ(input.numel(), world * flat);
+  // Every rank's row: the flat shard, then one contribution flag per parameter.
+  const int64_t width = flat + 2;
+  EXPECT_EQ(input.numel(), world * width);
   EXPECT_FALSE(grads[0].defined()) << "a copied gradient is released";
-  const at::Tensor by_rank = input.view({world, flat});
+  const at::Tensor by_rank = input.view({world, width});
   EXPECT_TRUE(at::equal(by_rank[0].narrow(0, 0, 9), g0.narrow(0, 0, 3).reshape({-1}).to(at::kDouble)));
   EXPECT_TRUE(at::equal(by_rank[1].narrow(0, 0, 6), g0.narrow(0, 3, 2).reshape({-1}).to(at::kDouble)));
   EXPECT_EQ(at::count_nonzero(by_rank[1].narrow(0, 6, 3)).item<int64_t>(), 0);
   EXPECT_EQ(at::count_nonzero(by_rank.narrow(1, 9, 2)).item<int64_t>(), 0)
       << "an undefined gradient reduces as zeros";
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(by_rank[r][flat].item<double>(), 1.0) << "param 0 has a gradient";
+    EXPECT_EQ(by_rank[r][flat + 1].item<double>(), 0.0) << "param 1 has none";
+  }
+}
+
+// A rank that has no gradient at all still contributes a reduction input:
+// zeros and zero flags, even over a recycled pool buffer.
+TEST(FSDPCollectives, ReduceCopyInWithoutGradientsIsAllZero) {
+  const std::vector<at::Tensor> fulls = {at::randn({4, 2}), at::randn({2})};
+  const int world = 2;
+  std::vector<FSDPParam> params = Shard(fulls, world, 1);
+  const int64_t flat = FlatNumel(params);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<at::Tensor> grads(2);
+    at::Tensor input = CopyInForReduce(params, grads, world, flat, /*padded=*/false,
+                                       at::TensorOptions().dtype(at::kDouble));
+    EXPECT_EQ(input.numel(), world * (flat + 2));
+    EXPECT_EQ(at::count_nonzero(input).item<int64_t>(), 0);
+    input.fill_(7.0);  // dirty it for the next round's pool buffer
+  }
 }
 
 TEST(FSDPParamGrad, AccumulateMakesAnOwnedCopyThenAdds) {

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "core/fsdp/internal/unit_registry.h"
@@ -81,13 +82,24 @@ FSDPUnit::FSDPUnit(const std::shared_ptr<torch::nn::Module>& module,
   }
 }
 
-std::vector<FSDPUnit*> FSDPUnit::units_in_tree() const {
-  auto alive = module_alive_.lock();
-  return alive ? UnitsUnder(*alive) : std::vector<FSDPUnit*>{};
+void FSDPUnit::skip_forward(bool grad) {
+  if (!group_.gathers()) return;
+  group_.wait_unshard();
+  if (reshard_after_forward_ || !grad) group_.reshard();
 }
 
-void FSDPUnit::prefetch(FSDPUnit* next) {
-  if (next != nullptr) next->group_.unshard_async();
+bool FSDPUnit::pre_backward_in(
+    const std::unordered_set<torch::autograd::Node*>* graph) const {
+  for (const auto& weak : pre_backward_nodes_) {
+    auto node = weak.lock();
+    if (node && (graph == nullptr || graph->count(node.get()))) return true;
+  }
+  return false;
+}
+
+bool FSDPUnit::post_backward_in(
+    const std::unordered_set<torch::autograd::Node*>* graph) const {
+  return grad_node_ && (graph == nullptr || graph->count(grad_node_.get()));
 }
 
 // ------------------------------------------------------------------- forward
@@ -96,8 +108,11 @@ std::shared_ptr<FSDPRootState> FSDPUnit::init_as_root() {
   if (!options_.reshard_after_forward.has_value()) {
     reshard_after_forward_ = false;  // its backward starts right away
   }
-  std::vector<FSDPUnit*> units = units_in_tree();
-  root_state_ = std::make_shared<FSDPRootState>(units);
+  auto alive = module_alive_.lock();
+  UnitTreeOrder order = alive ? UnitsInTreeOrder(*alive) : UnitTreeOrder{};
+  std::vector<FSDPUnit*> units = order.pre;
+  root_state_ = std::make_shared<FSDPRootState>(std::move(order.pre),
+                                                std::move(order.post));
   root_ = root_state_;
   for (FSDPUnit* unit : units) {
     if (unit == this) continue;
@@ -117,9 +132,7 @@ void FSDPUnit::pre_forward() {
   std::shared_ptr<FSDPRootState> root = root_.lock();
   if (!root) root = init_as_root();  // the first unit entered
   if (root_state_) root->begin_forward();
-  root->record_pre_forward(this);
-  group_.wait_unshard();
-  prefetch(root->next_in_forward(this));
+  root->enter_forward(this);
   if (at::GradMode::is_enabled() && !grad_params_.empty()) attach_grad_node();
 }
 
@@ -148,8 +161,8 @@ void FSDPUnit::attach_grad_node() {
 std::vector<at::Tensor> FSDPUnit::post_forward(
     std::vector<at::Tensor> outputs) {
   const bool grad = at::GradMode::is_enabled();
-  if (auto root = root_.lock()) root->record_post_forward(this);
   if (reshard_after_forward_ || !grad) group_.reshard();
+  if (root_state_) root_state_->end_forward();
   const auto& dtype = options_.mp_policy.output_dtype;
   if (root_state_ && dtype.has_value()) {
     for (auto& t : outputs) {
@@ -167,6 +180,11 @@ std::vector<at::Tensor> FSDPUnit::post_forward(
   }
   if (hooked.empty()) return outputs;
   hooked = PreBackwardFunction::apply(at::TensorList(hooked), weak_from_this());
+  pre_backward_nodes_.erase(
+      std::remove_if(pre_backward_nodes_.begin(), pre_backward_nodes_.end(),
+                     [](const auto& weak) { return weak.expired(); }),
+      pre_backward_nodes_.end());
+  pre_backward_nodes_.push_back(hooked[0].grad_fn());
   for (size_t k = 0; k < which.size(); ++k) outputs[which[k]] = hooked[k];
   return outputs;
 }
@@ -183,8 +201,12 @@ void FSDPUnit::pre_backward() {
   if (root) root->queue_end_of_backward();
   if (pre_backward_done_) return;
   pre_backward_done_ = true;
-  group_.wait_unshard();  // all-gather again if resharded after forward
-  if (root) prefetch(root->next_in_backward(this));
+  // All-gather again if resharded after forward, in canonical order.
+  if (root) {
+    root->enter_backward(this);
+  } else {
+    group_.wait_unshard();
+  }
 }
 
 void FSDPUnit::post_backward(const Node* node, std::vector<at::Tensor> grads) {
@@ -209,9 +231,7 @@ void FSDPUnit::post_backward(const Node* node, std::vector<at::Tensor> grads) {
     group_.finish_reduction();
     return;
   }
-  root->make_room_for_reduction();
-  group_.start_reduction(std::move(input));
-  root->track_reduction(&group_);
+  root->reduction_ready(this, std::move(input));
 }
 
 void FSDPUnit::end_backward() {
@@ -221,6 +241,7 @@ void FSDPUnit::end_backward() {
     torch::autograd::impl::set_gradient_edge(p.compute(), Edge());
   }
   grad_node_.reset();
+  pre_backward_nodes_.clear();
   grad_node_fired_ = false;
   pre_backward_done_ = false;
 }

@@ -7,18 +7,22 @@
 //   pre_forward    (the root first starts the pass) all-gather, prefetch the
 //                  next unit, attach the backward node that will receive
 //                  the unsharded gradients
-//   post_forward   reshard if asked, hook pre_backward onto the outputs
+//   post_forward   reshard if asked, hook pre_backward onto the outputs;
+//                  the root's ends the pass
 //   pre_backward   all-gather again if resharded, prefetch the unit whose
 //                  backward comes next
 //   post_backward  (all gradients of the unit are ready) free the unsharded
-//                  parameters, reduce the gradients on the gradient lane
+//                  parameters, hand the reduction input to the root, which
+//                  reduces on the gradient lane in canonical order
 //   end_backward   (the root's end-of-backward callback) finish the
-//                  reduction, reshard, forget this backward's node
+//                  reduction, reshard, forget this backward's nodes
 //
 // The unit's parameters and their communication are its FSDPParamGroup
-// (fsdp_param_group.h); what spans the module tree (order, prefetch,
-// reductions in flight, end of backward) is the root's FSDPRootState
-// (fsdp_root_state.h), which the first unit a forward enters creates.
+// (fsdp_param_group.h); what spans the module tree (the order of the
+// collectives, which is the same on every rank also when some ranks do not
+// call some units, prefetch, reductions in flight, end of backward) is the
+// root's FSDPRootState (fsdp_root_state.h), which the first unit a forward
+// enters creates.
 //
 // Lifetime: fully_shard's registry owns a unit while its module lives. The
 // autograd nodes a unit attaches (PostBackward, PreBackward) hold it weakly:
@@ -35,6 +39,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include "core/fsdp/fsdp_options.h"
@@ -71,13 +76,24 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   const FSDPParamGroup& param_group() const { return group_; }
   torch::nn::Module* module() const { return module_; }
   bool module_alive() const { return !module_alive_.expired(); }
-  // Every unit in this unit's module tree, this one first, in module order.
-  std::vector<FSDPUnit*> units_in_tree() const;
+
+  // ---- for FSDPRootState
+  // The unit's turn in a forward that does not call it on this rank:
+  // all-gather as if it ran (`grad`: gradients enabled in the pass), and
+  // reshard as its post_forward would. Nothing where unsharding does not
+  // communicate.
+  void skip_forward(bool grad);
+  // Whether this backward will run the unit's pre-backward (post-backward)
+  // node: it is in `graph`, the nodes of the running backward (null: not
+  // known; then whether the unit has such a node at all).
+  bool pre_backward_in(
+      const std::unordered_set<torch::autograd::Node*>* graph) const;
+  bool post_backward_in(
+      const std::unordered_set<torch::autograd::Node*>* graph) const;
 
  private:
   std::shared_ptr<FSDPRootState> init_as_root();
   void attach_grad_node();
-  void prefetch(FSDPUnit* next);  // start `next`'s all-gather (null: none)
 
   torch::nn::Module* module_;
   std::weak_ptr<torch::nn::Module> module_alive_;
@@ -88,6 +104,8 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
 
   // Backward state for the current step.
   std::shared_ptr<torch::autograd::Node> grad_node_;
+  // The pre-backward nodes this step's forwards hooked onto the outputs.
+  std::vector<std::weak_ptr<torch::autograd::Node>> pre_backward_nodes_;
   bool grad_node_fired_ = false;
   bool pre_backward_done_ = false;
 

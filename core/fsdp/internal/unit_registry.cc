@@ -70,5 +70,28 @@ std::vector<FSDPUnit*> UnitsUnder(torch::nn::Module& root) {
   return units;
 }
 
+namespace {
+
+void VisitUnits(torch::nn::Module& module, UnitRegistry& registry,
+                std::unordered_set<const torch::nn::Module*>& seen,
+                UnitTreeOrder& order) {
+  if (!seen.insert(&module).second) return;  // shared: its first place
+  std::shared_ptr<FSDPUnit> unit = registry.find(module);
+  if (unit) order.pre.push_back(unit.get());
+  for (const auto& child : module.children()) {
+    VisitUnits(*child, registry, seen, order);
+  }
+  if (unit) order.post.push_back(unit.get());
+}
+
+}  // namespace
+
+UnitTreeOrder UnitsInTreeOrder(torch::nn::Module& root) {
+  UnitTreeOrder order;
+  std::unordered_set<const torch::nn::Module*> seen;
+  VisitUnits(root, UnitRegistry::Get(), seen, order);
+  return order;
+}
+
 }  // namespace fsdp
 }  // namespace fsdp2

@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace fsdp2 {
@@ -52,6 +53,18 @@ class UnitRegistry {
 
 // Every unit in `root`'s module tree (root included), in module order.
 std::vector<FSDPUnit*> UnitsUnder(torch::nn::Module& root);
+
+// The units of `root`'s module tree (root included), each once, in two
+// orders every rank derives alike from the model's structure:
+//  - pre: a module before the modules inside it, children in registration
+//    order (the order a forward that calls them in that order enters them);
+//  - post: a module after the modules inside it (the order such a forward
+//    leaves them).
+struct UnitTreeOrder {
+  std::vector<FSDPUnit*> pre;
+  std::vector<FSDPUnit*> post;
+};
+UnitTreeOrder UnitsInTreeOrder(torch::nn::Module& root);
 
 }  // namespace fsdp
 }  // namespace fsdp2
