@@ -304,6 +304,13 @@ at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
   return input;
 }
 
+void FSDPParamGroup::flush_local_grads() {
+  if (requires_grad_sync_ && !no_sync_grads_.empty() && !shard_group_ &&
+      !replicate_group_) {
+    prepare_reduction({});
+  }
+}
+
 void FSDPParamGroup::start_reduction(at::Tensor input) {
   reduction_ = ReduceGrads(std::move(input), flat_numel_ + params_.size(),
                            shard_group_, replicate_group_, data_parallel_size_);

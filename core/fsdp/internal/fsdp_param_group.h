@@ -86,6 +86,12 @@ class FSDPParamGroup {
   // where nothing reached them). Frozen parameters get none.
   void finish_reduction();
 
+  // End of a synced backward on one rank with no replica: gradients
+  // accumulated while sync was off go to the shards' .grad, also when this
+  // backward did not reach the unit (with other ranks, the unit's
+  // reduction carries them).
+  void flush_local_grads();
+
   void set_requires_gradient_sync(bool sync) { requires_grad_sync_ = sync; }
   // Whether the shards are still meta tensors awaiting materialize_module()
   // (which clears it).

@@ -28,11 +28,10 @@ std::string UnitName(const FSDPUnit* unit) {
 
 }  // namespace
 
-FSDPRootState::FSDPRootState(std::vector<FSDPUnit*> pre_order,
-                             std::vector<FSDPUnit*> post_order)
-    : pre_order_(std::move(pre_order)), post_order_(std::move(post_order)) {
-  std::reverse(post_order_.begin(), post_order_.end());
-}
+FSDPRootState::FSDPRootState(
+    std::vector<FSDPUnit*> pre_order,
+    std::vector<std::pair<FSDPUnit*, bool>> backward_walk)
+    : pre_order_(std::move(pre_order)), backward_walk_(std::move(backward_walk)) {}
 
 // ------------------------------------------------------------------- forward
 
@@ -84,86 +83,104 @@ void FSDPRootState::begin_backward() {
   // (backward() runs them all; fully_shard.h rules out autograd::grad).
   const std::unordered_set<torch::autograd::Node*>* graph =
       torch::autograd::get_current_graph_task_nodes_in_graph();
-  backward_gathers_.clear();
-  next_backward_gather_ = 0;
-  for (FSDPUnit* unit : post_order_) {
+  ops_.clear();
+  next_op_ = 0;
+  kept_.clear();
+  for (const auto& [unit, entered] : backward_walk_) {
     const FSDPParamGroup& group = unit->param_group();
-    // Unshard states are the same on every rank here (see the file
-    // comment), so every rank lists the same units.
-    if (group.gathers() && !group.unsharded()) {
-      backward_gathers_.push_back({unit, unit->pre_backward_in(graph)});
+    if (entered) {
+      if (group.gathers() && !group.unsharded()) {
+        ops_.push_back({true, unit, unit->pre_backward_in(graph)});
+      }
+    } else if (group.reduces()) {
+      ops_.push_back({false, unit, unit->post_backward_in(graph)});
     }
   }
-  reductions_.clear();
-  next_reduction_ = 0;
-  for (auto it = pre_order_.rbegin(); it != pre_order_.rend(); ++it) {
-    if ((*it)->param_group().reduces()) {
-      reductions_.push_back({*it, (*it)->post_backward_in(graph), at::Tensor()});
+  // The prefetch: each all-gather goes ahead of the reduction before it.
+  for (size_t i = 1; i < ops_.size(); ++i) {
+    if (ops_[i].gather && !ops_[i - 1].gather) std::swap(ops_[i - 1], ops_[i]);
+  }
+}
+
+void FSDPRootState::issue(Op& op, bool force) {
+  FSDPParamGroup& group = op.unit->param_group();
+  if (op.gather) {
+    if (op.here && !force) {
+      group.unshard_async();  // kept for the unit's pre-backward
+      kept_.push_back(op.unit);
+    } else {
+      group.wait_unshard();  // this rank's part in the others' all-gather
+      group.reshard();
     }
+  } else {
+    if (!op.input.defined()) op.input = group.prepare_reduction({});
+    make_room_for_reduction();
+    group.start_reduction(std::move(op.input));
+    op.input = at::Tensor();
+    reductions_in_flight_.push_back(&group);
+  }
+  op.issued = true;
+}
+
+void FSDPRootState::issue_in_order(size_t limit, bool force) {
+  for (; next_op_ < ops_.size() && (limit == kAll || next_op_ <= limit);
+       ++next_op_) {
+    Op& op = ops_[next_op_];
+    if (op.issued) continue;
+    if (!force && op.here) {
+      if (!op.gather && !op.input.defined()) return;  // gradients coming
+      if (op.gather && limit == kAll && !kept_.empty()) return;  // prefetched
+    }
+    issue(op, force);
   }
 }
 
 void FSDPRootState::enter_backward(FSDPUnit* unit) {
-  size_t at = kNone;
-  for (size_t i = 0; i < backward_gathers_.size(); ++i) {
-    if (backward_gathers_[i].unit == unit) at = i;
+  size_t at = kAll;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (ops_[i].gather && ops_[i].unit == unit) at = i;
   }
-  if (at != kNone && at >= next_backward_gather_) {
-    for (size_t i = next_backward_gather_; i < at; ++i) {
-      FSDPParamGroup& group = backward_gathers_[i].unit->param_group();
-      group.wait_unshard();
-      // Kept for its own pre-backward later in this backward, or done.
-      if (!backward_gathers_[i].runs_here) group.reshard();
+  if (at != kAll) {
+    const bool issued_before = ops_[at].issued;
+    if (!issued_before) {
+      issue_in_order(at, /*force=*/false);
+      // A reduction before it still waits for gradients this rank computes
+      // later: the all-gathers go ahead of it, in their order.
+      for (size_t i = next_op_; i <= at && !ops_[at].issued; ++i) {
+        if (ops_[i].gather && !ops_[i].issued) issue(ops_[i], /*force=*/false);
+      }
     }
-    next_backward_gather_ = at + 1;
-  } else if (at != kNone && !unit->param_group().unsharded()) {
-    // Gathered in its turn and freed because the autograd graph did not
-    // contain its pre-backward: all-gathering here alone would desynchronise
-    // the ranks.
-    throw InternalError("fsdp: the backward of " + UnitName(unit) +
-                        " ran after its all-gather turn had been given up");
+    auto kept = std::find(kept_.begin(), kept_.end(), unit);
+    const bool was_kept = kept != kept_.end();
+    if (was_kept) kept_.erase(kept);
+    if (issued_before && !was_kept && !unit->param_group().unsharded()) {
+      // Gathered in its turn and freed because the autograd graph did not
+      // contain its pre-backward: all-gathering here alone would
+      // desynchronise the ranks.
+      throw InternalError("fsdp: the backward of " + UnitName(unit) +
+                          " ran after its all-gather turn had been given up");
+    }
   }
   unit->param_group().wait_unshard();
-  if (next_backward_gather_ < backward_gathers_.size()) {
-    backward_gathers_[next_backward_gather_].unit->param_group().unshard_async();
-  }
+  issue_in_order(kAll, /*force=*/false);  // prefetch, reductions that can go
 }
 
 void FSDPRootState::reduction_ready(FSDPUnit* unit, at::Tensor input) {
-  for (size_t i = next_reduction_; i < reductions_.size(); ++i) {
-    if (reductions_[i].unit == unit) {
-      reductions_[i].input = std::move(input);
-      start_ready_reductions(/*force=*/false);
-      return;
-    }
-  }
-  for (size_t i = 0; i < next_reduction_; ++i) {
-    if (reductions_[i].unit == unit) {
+  for (Op& op : ops_) {
+    if (op.gather || op.unit != unit) continue;
+    if (op.issued) {
       throw InternalError("fsdp: the gradients of " + UnitName(unit) +
                           " arrived after its reduction had been issued "
                           "without them");
     }
+    op.input = std::move(input);
+    issue_in_order(kAll, /*force=*/false);
+    return;
   }
   // Not in this root's tree (called on its own): reduce now.
   make_room_for_reduction();
   unit->param_group().start_reduction(std::move(input));
   reductions_in_flight_.push_back(&unit->param_group());
-}
-
-void FSDPRootState::start_ready_reductions(bool force) {
-  while (next_reduction_ < reductions_.size()) {
-    Reduction& r = reductions_[next_reduction_];
-    FSDPParamGroup& group = r.unit->param_group();
-    if (!r.input.defined()) {
-      if (r.fires_here && !force) return;  // its gradients are coming
-      r.input = group.prepare_reduction({});  // no gradients from this rank
-    }
-    make_room_for_reduction();
-    group.start_reduction(std::move(r.input));
-    r.input = at::Tensor();
-    reductions_in_flight_.push_back(&group);
-    ++next_reduction_;
-  }
 }
 
 void FSDPRootState::make_room_for_reduction() {
@@ -176,16 +193,10 @@ void FSDPRootState::make_room_for_reduction() {
 
 void FSDPRootState::end_backward() {
   end_of_backward_queued_ = false;
-  start_ready_reductions(/*force=*/true);
-  for (size_t i = next_backward_gather_; i < backward_gathers_.size(); ++i) {
-    FSDPParamGroup& group = backward_gathers_[i].unit->param_group();
-    group.wait_unshard();
-    group.reshard();
-  }
-  backward_gathers_.clear();
-  next_backward_gather_ = 0;
-  reductions_.clear();
-  next_reduction_ = 0;
+  issue_in_order(kAll, /*force=*/true);
+  ops_.clear();
+  next_op_ = 0;
+  kept_.clear();
   reductions_in_flight_.clear();
   for (FSDPUnit* unit : pre_order_) unit->end_backward();
 }

@@ -24,23 +24,33 @@
 //    A unit entered again after the cursor passed it (called twice, or out
 //    of tree order) all-gathers where it is called, as before: every rank
 //    must then call it at the same place.
-//  - Backward all-gathers: the units sharded when the backward begins, in
-//    reverse post-order (the order their pre-backwards fire in a normal
-//    backward: a unit before the units inside it), with a cursor. When a
-//    unit's pre-backward fires, the units before it in that order are
-//    all-gathered now: kept if this backward will still run them here
-//    (their pre-backward node is in the autograd graph), else freed at
-//    once. The end of backward all-gathers and frees the rest.
-//  - Gradient reductions: every unit that reduces (FSDPParamGroup::reduces,
-//    the same on every rank) reduces in every synced backward, in reverse
-//    pre-order (the order a normal backward finishes units in). A unit's
-//    reduction starts when its gradients are ready and every unit before it
-//    has started; until then its reduction input waits here. A unit whose
-//    post-backward node is not in this backward's autograd graph (it did
-//    not run here, or its output does not reach the loss) reduces zeros in
-//    its turn without waiting. Contribution flags in the reduction
-//    (fsdp_collectives.h) tell every rank which parameters got a gradient
-//    anywhere: those that none did keep their .grad as it was.
+//  - Backward: one sequence of operations for the whole backward, the
+//    same on every rank, made from a depth-first walk of the tree with the
+//    children in reverse (the order a normal backward runs units in): the
+//    all-gather of a unit when the walk enters it (if it is sharded when
+//    the backward begins: unshard states agree across ranks), its
+//    reduction when the walk leaves it (if it reduces: FSDPParamGroup::
+//    reduces, the same on every rank); each all-gather is moved ahead of
+//    the reduction just before it, which is the prefetch (the next unit's
+//    all-gather overlaps this one's gradients). Every rank issues these
+//    operations in this order, over both lanes, and waits only for
+//    operations it has issued: then no rank can wait for one that another
+//    rank will issue only after a wait of its own (the ranks would
+//    deadlock if one issued a reduction before an all-gather that another
+//    issued after it).
+//    What a rank does at an operation depends on what this backward runs
+//    here, which the autograd graph tells at its start: an all-gather of a
+//    unit whose pre-backward will run here is issued and kept for it (at
+//    most one ahead of its pre-backward: the prefetch), that of a unit that
+//    will not is waited for and freed at once; a reduction waits for the
+//    unit's gradients if its post-backward will run here, else reduces
+//    zeros at once. Should a pre-backward run while an earlier reduction
+//    still waits for gradients this rank computes later (a unit order the
+//    walk does not foresee), the all-gathers up to it go ahead of that
+//    reduction, each lane still in order.
+//    Contribution flags in the reduction (fsdp_collectives.h) tell every
+//    rank which parameters got a gradient anywhere: those that none did
+//    keep their .grad as it was.
 // In a model whose ranks all call every unit in tree order nothing is
 // skipped and no collective is added: the orders are the ones the units run
 // in.
@@ -60,6 +70,7 @@
 
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace fsdp2 {
@@ -70,10 +81,10 @@ class FSDPUnit;
 
 class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
  public:
-  // `pre_order`, `post_order`: every unit in the root's module tree in the
-  // tree's pre-order (the root first) and post-order (UnitsInTreeOrder).
+  // `pre_order`, `backward_walk`: the units of the root's module tree in
+  // pre-order (the root first) and the backward walk (UnitsInTreeOrder).
   FSDPRootState(std::vector<FSDPUnit*> pre_order,
-                std::vector<FSDPUnit*> post_order);
+                std::vector<std::pair<FSDPUnit*, bool>> backward_walk);
 
   // ---- forward
   // The root's pre-forward: a pass starts, the cursor at the start.
@@ -90,17 +101,16 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
   // will run, from the autograd graph) and queues end_backward() on the
   // autograd engine.
   void queue_end_of_backward();
-  // `unit`'s pre-backward: unshards the units up to it in backward order
-  // and it, and prefetches the next (see the file comment).
+  // `unit`'s pre-backward: issues the operations up to its all-gather and
+  // unshards it (see the file comment).
   void enter_backward(FSDPUnit* unit);
   // `unit`'s post-backward prepared `input` (FSDPParamGroup::
-  // prepare_reduction): starts it, and every reduction after it that can
-  // start, in order.
+  // prepare_reduction): it is started in its turn, with what can follow.
   void reduction_ready(FSDPUnit* unit, at::Tensor input);
-  // End of backward: starts the reductions left (zeros where this rank has
-  // no gradients), all-gathers and frees the units left in backward order,
-  // finishes every reduction, reshards every unit and clears their backward
-  // state, including units whose backward never ran.
+  // End of backward: issues the operations left (reductions of zeros where
+  // this rank has no gradients, all-gathers freed at once), finishes every
+  // reduction, reshards every unit and clears their backward state,
+  // including units whose backward never ran.
   void end_backward();
 
  private:
@@ -109,36 +119,40 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
   // a cap: ~240 MiB extra per rank on a 40M-parameter GPT).
   static constexpr size_t kMaxReductionsInFlight = 1;
 
-  struct BackwardGather {
+  // One operation of the backward sequence (see the file comment).
+  struct Op {
+    bool gather;       // an all-gather, else a reduction
     FSDPUnit* unit;
-    bool runs_here;  // its pre-backward node is in this backward's graph
-  };
-  struct Reduction {
-    FSDPUnit* unit;
-    bool fires_here;  // its post-backward node is in this backward's graph
-    at::Tensor input;  // prepared, waiting for its turn
+    bool here;         // its pre-backward (gather) / post-backward (reduce)
+                       // node is in this backward's autograd graph
+    bool issued = false;
+    at::Tensor input;  // a reduction's input, waiting for its turn
   };
 
   void begin_backward();
-  // Starts the reductions in order from the cursor while each one's input
-  // is ready, or (`force`, or its unit will not fire here) can be made of
-  // zeros and whatever gradients this rank accumulated without sync.
-  void start_ready_reductions(bool force);
+  // Issues the operations in order from the first one not issued: through
+  // `limit` (an index; kAll: as far as it can go), or until a reduction
+  // whose gradients are still coming here (unless `force`), or a second
+  // all-gather kept for a unit whose pre-backward has not run yet.
+  void issue_in_order(size_t limit, bool force);
+  void issue(Op& op, bool force);  // one operation (see the file comment)
   // While at the cap, the oldest reduction is finished: its group waits for
   // it, writes its shards' .grad and drops its buffers.
   void make_room_for_reduction();
 
-  std::vector<FSDPUnit*> pre_order_;   // forward order; the root first
-  std::vector<FSDPUnit*> post_order_;  // reversed: backward gather order
+  static constexpr size_t kAll = static_cast<size_t>(-1);
+
+  std::vector<FSDPUnit*> pre_order_;  // forward order; the root first
+  std::vector<std::pair<FSDPUnit*, bool>> backward_walk_;
 
   bool in_forward_ = false;
   size_t next_forward_ = 0;  // the first unit of pre_order_ not yet passed
 
   bool end_of_backward_queued_ = false;
-  std::vector<BackwardGather> backward_gathers_;
-  size_t next_backward_gather_ = 0;
-  std::vector<Reduction> reductions_;  // reverse pre-order
-  size_t next_reduction_ = 0;
+  std::vector<Op> ops_;     // this backward's sequence
+  size_t next_op_ = 0;      // every operation before it is issued
+  // All-gathers issued ahead of their unit's pre-backward, not yet used.
+  std::vector<FSDPUnit*> kept_;
   std::deque<FSDPParamGroup*> reductions_in_flight_;  // oldest first
 };
 

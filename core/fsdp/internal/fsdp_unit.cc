@@ -112,7 +112,7 @@ std::shared_ptr<FSDPRootState> FSDPUnit::init_as_root() {
   UnitTreeOrder order = alive ? UnitsInTreeOrder(*alive) : UnitTreeOrder{};
   std::vector<FSDPUnit*> units = order.pre;
   root_state_ = std::make_shared<FSDPRootState>(std::move(order.pre),
-                                                std::move(order.post));
+                                                std::move(order.backward));
   root_ = root_state_;
   for (FSDPUnit* unit : units) {
     if (unit == this) continue;
@@ -236,6 +236,7 @@ void FSDPUnit::post_backward(const Node* node, std::vector<at::Tensor> grads) {
 
 void FSDPUnit::end_backward() {
   group_.finish_reduction();
+  group_.flush_local_grads();
   group_.reshard();
   for (const FSDPParam& p : group_.params()) {
     torch::autograd::impl::set_gradient_edge(p.compute(), Edge());

@@ -84,12 +84,27 @@ void VisitUnits(torch::nn::Module& module, UnitRegistry& registry,
   if (unit) order.post.push_back(unit.get());
 }
 
+void VisitUnitsBackward(torch::nn::Module& module, UnitRegistry& registry,
+                        std::unordered_set<const torch::nn::Module*>& seen,
+                        UnitTreeOrder& order) {
+  if (!seen.insert(&module).second) return;
+  std::shared_ptr<FSDPUnit> unit = registry.find(module);
+  if (unit) order.backward.emplace_back(unit.get(), true);
+  const auto children = module.children();
+  for (auto it = children.rbegin(); it != children.rend(); ++it) {
+    VisitUnitsBackward(**it, registry, seen, order);
+  }
+  if (unit) order.backward.emplace_back(unit.get(), false);
+}
+
 }  // namespace
 
 UnitTreeOrder UnitsInTreeOrder(torch::nn::Module& root) {
   UnitTreeOrder order;
   std::unordered_set<const torch::nn::Module*> seen;
   VisitUnits(root, UnitRegistry::Get(), seen, order);
+  seen.clear();
+  VisitUnitsBackward(root, UnitRegistry::Get(), seen, order);
   return order;
 }
 
