@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "core/fsdp/unit_plan.h"
 #include "core/launch/local_launcher.h"
 #include "core/tp/clip_grad.h"
 #include "core/tp/parallelize.h"
@@ -96,6 +97,13 @@ void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
     }
     tp::parallelize_module(model, mesh->group("tp"),
                            provider->tensor_parallel_plan(tp_size));
+  }
+  if (auto* plan = dynamic_cast<fsdp::UnitPlanProvider*>(model.get())) {
+    for (const auto& unit : plan->fsdp_unit_plan()) {
+      if (!fsdp::unit_of(*unit)) fsdp::fully_shard(unit, options);
+    }
+    fsdp::fully_shard(model, options);
+    return;
   }
   // Lists deeper in the tree come later in modules(); shard them first so
   // units are applied bottom-up.

@@ -69,9 +69,10 @@ using ParallelizeFn = std::function<void(
 // The reference fsdp2_strategy_parallelize. When the mesh has a "tp" dim of
 // size > 1, first tp::parallelize_module over it with the model's own plan
 // (the model must implement tp::TensorParallelPlanProvider, as GPT does;
-// std::invalid_argument otherwise). Then FSDP: every child of every
-// ModuleList in the model becomes its own unit (transformer blocks), then
-// the root.
+// std::invalid_argument otherwise). Then FSDP: the modules the model names
+// when it implements fsdp::UnitPlanProvider (unit_plan.h: TorchScript models
+// do), otherwise every child of every ModuleList in the model (transformer
+// blocks), each become a unit of their own, then the root.
 void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
                         const fsdp::FSDPOptions& options);
 
