@@ -69,7 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 2 /* 1.2: background saves, restarts, state files, activation checkpointing */
+#define FSDP2_ABI_VERSION_MINOR 3 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -293,15 +293,54 @@ FSDP2_API fsdp2_status_t fsdp2_model_create_deferred(fsdp2_strategy_t* strategy,
                                                      fsdp2_model_t** out);
 
 /* Loads a TorchScript module saved by torch.jit.save (Python) or
- * torch::jit::Module::save. Its forward takes the batch's first tensor;
- * `loss` names the loss between the output and the batch's second tensor:
- * "mse" or "cross_entropy". The whole module becomes ONE FSDP unit: its
- * parameters, gradients and optimizer state are sharded at rest, and all of
- * its parameters are gathered together for each forward and backward (no
- * per-block granularity: TorchScript modules have no ModuleList to split). */
+ * torch::jit::Module::save, with the default wrapping: the same as
+ * fsdp2_model_load_torchscript_with_options with {"loss": loss}. */
 FSDP2_API fsdp2_status_t fsdp2_model_load_torchscript(const char* path,
                                                       const char* loss,
                                                       fsdp2_model_t** out);
+
+/* Loads a TorchScript module with options, a JSON object (borrowed):
+ *
+ *   "loss"       "mse" (default) or "cross_entropy": every batch tensor but
+ *                the last goes to the script's forward, positionally
+ *                (forward(x), forward(tokens, mask), ...), and the loss is
+ *                taken between its output and the last tensor (mse: same
+ *                shape; cross_entropy: logits [..., classes] against
+ *                integer classes [...]). "model": every batch tensor goes
+ *                to forward, which returns the loss itself as a
+ *                floating-point scalar.
+ *   "auto_wrap"  which submodules become FSDP units of their own (each
+ *                all-gathers, frees and reduces its parameters on its own,
+ *                so only about one block's parameters are unsharded at a
+ *                time). Absent: every child of every torch.nn.ModuleList
+ *                in the script, at any depth, that has parameters (a
+ *                transformer's blocks; experts kept in a ModuleList inside
+ *                a block become units inside the block's unit). A list:
+ *                submodule paths ("blocks.3") and scripted class names
+ *                ("Block" matches the Python class Block wherever it was
+ *                defined; "mymodel.Block" only that one), like Lightning's
+ *                transformer_auto_wrap_policy. [] keeps the whole script
+ *                as one unit. The root module is always a unit of its own.
+ *
+ * The file needs no change on the Python side: fsdp2 finds the calls of
+ * the wrapped submodules in the script's compiled code and runs each
+ * between its unit's all-gather and release. Parameters keep the script's
+ * dotted names ("blocks.0.up.weight") in state dicts and checkpoints, so a
+ * full checkpoint loads into the PyTorch module with load_state_dict. A
+ * wrapped submodule may run on only some ranks in a step (an expert that
+ * gets no rows, an early exit): the ranks still agree on every collective.
+ *
+ * Errors: FSDP2_ERROR_IO for a missing or unreadable file;
+ * FSDP2_ERROR_INVALID_ARGUMENT for bad JSON, an unknown key or loss, an
+ * auto_wrap entry that names no submodule path or class of the script (the
+ * message lists its classes and ModuleLists) or names the root, or a
+ * script without trainable parameters. At the first step: FSDP2_ERROR_SHAPE
+ * when the batch does not fit the forward's arity (the message names the
+ * forward's parameters), FSDP2_ERROR_INVALID_ARGUMENT when a "model" loss
+ * is not a scalar. */
+FSDP2_API fsdp2_status_t fsdp2_model_load_torchscript_with_options(const char* path,
+                                                                   const char* options_json,
+                                                                   fsdp2_model_t** out);
 
 /* Releases the caller's reference. A strategy the model is connected to
  * keeps its own. Accepts NULL. */

@@ -256,9 +256,24 @@ class Model(_Handle):
         return cls.from_config(dict(family="mlp", **sizes))
 
     @classmethod
-    def from_torchscript(cls, path, loss="mse"):
-        """A TorchScript file (torch.jit.save); it trains as one FSDP unit."""
-        return cls(_c.fsdp2_model_load_torchscript(os.fspath(path), loss))
+    def from_torchscript(cls, path, loss="mse", auto_wrap=None):
+        """A TorchScript file (torch.jit.save), trained block by block.
+
+        loss: "mse" or "cross_entropy" (every batch array but the last goes
+        to the script's forward, the last is the target), or "model" (every
+        array goes to forward, which returns the loss).
+        auto_wrap: None (every child of every nn.ModuleList becomes its own
+        FSDP unit), or a list of submodule paths and class names ("Block",
+        "blocks.3"); [] keeps the whole script as one unit. See
+        fsdp2_model_load_torchscript_with_options in fsdp2.h."""
+        options = {"loss": loss}
+        if auto_wrap is not None:
+            if isinstance(auto_wrap, str):
+                raise TypeError("auto_wrap must be a list of paths and class names, "
+                                "not a string")
+            options["auto_wrap"] = list(auto_wrap)
+        return cls(_c.fsdp2_model_load_torchscript_with_options(
+            os.fspath(path), json.dumps(options)))
 
     def num_parameters(self):
         """(parameter tensors, elements), global sizes."""
