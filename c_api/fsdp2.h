@@ -513,51 +513,28 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_current_epoch_step(
 FSDP2_API fsdp2_status_t fsdp2_strategy_set_epoch(fsdp2_strategy_t* strategy,
                                                   int64_t epoch);
 
-/* Memory (since ABI 1.3): what this rank holds, in bytes. An output
- * struct that can grow: set struct_size to sizeof(fsdp2_memory_stats_t)
- * as you compiled it (fsdp2_memory_stats_init does, and zeroes the rest);
- * the library fills the fields that fit in it and leaves struct_size as
- * it was. "Sharded" means this rank's rows of the parameters (NO_SHARD or
- * one rank: all of them). */
+/* Memory (ABI 1.3): this rank's, in bytes. Set struct_size (as _init does);
+ * the library fills the fields that fit and keeps it. Sharded: this rank's
+ * rows (all of them on one rank or with NO_SHARD, which never gather). Peaks
+ * are process-wide, since parallelize (unsharded) or the process's start
+ * (RSS), or the last reset. */
 typedef struct fsdp2_memory_stats {
-  size_t struct_size;                 /* sizeof(fsdp2_memory_stats_t) */
-  int64_t sharded_param_bytes;        /* this rank's parameter shards */
-  int64_t sharded_grad_bytes;         /* their gradients (0 before a step) */
-  int64_t optimizer_state_bytes;      /* the optimizer's state tensors on this
-                                         rank (AdamW: 2 x sharded params after
-                                         a step; 0 before one or after teardown) */
-  int64_t unsharded_param_bytes;      /* gathered (unsharded) parameters alive now,
-                                         in their compute dtype (bf16 under bf16);
-                                         always 0 on one rank and with NO_SHARD,
-                                         which never gather */
-  int64_t peak_unsharded_param_bytes; /* their high-water mark since parallelize
-                                         or the last reset (process-wide) */
-  int64_t unsharded_grad_bytes;       /* gradients kept unsharded now (gradient
-                                         accumulation without sync) */
-  int64_t total_param_bytes;          /* the whole model's parameters, global and
-                                         unsharded, in their dtype (the fp32
-                                         masters under bf16), tied ones once */
-  int64_t rss_bytes;                  /* the process's resident memory now (VmRSS) */
-  int64_t peak_rss_bytes;             /* its peak (VmHWM) since the process started
-                                         or the last reset; >= rss_bytes */
+  size_t struct_size;
+  int64_t sharded_param_bytes, sharded_grad_bytes; /* grads: 0 before a step */
+  int64_t optimizer_state_bytes; /* its state tensors (AdamW: 2 x sharded params) */
+  int64_t unsharded_param_bytes, peak_unsharded_param_bytes; /* gathered, compute dtype */
+  int64_t unsharded_grad_bytes;  /* accumulated without gradient sync */
+  int64_t total_param_bytes;     /* the global model in its dtype, tied ones once */
+  int64_t rss_bytes, peak_rss_bytes; /* VmRSS, VmHWM (>= rss_bytes) */
 } fsdp2_memory_stats_t;
-
-/* Zeroes `stats` and sets struct_size. Accepts NULL. */
+/* Zeroes *stats and sets struct_size. Accepts NULL. */
 FSDP2_API void fsdp2_memory_stats_init(fsdp2_memory_stats_t* stats);
-
-/* Writes this rank's memory statistics into the caller-owned `stats`
- * (NULL or a struct_size smaller than a size_t: FSDP2_ERROR_INVALID_ARGUMENT).
- * Local (not collective) and cheap: call it between steps, on any rank.
- * After parallelize (before: FSDP2_ERROR_WRONG_ORDER); also after teardown. */
+/* Local. After parallelize (else WRONG_ORDER), also after teardown. NULL
+ * stats or a struct_size below sizeof(size_t): INVALID_ARGUMENT. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_memory_stats(const fsdp2_strategy_t* strategy,
                                                      fsdp2_memory_stats_t* stats);
-
-/* Starts a new measurement, e.g. of one phase of training: both peaks
- * (peak_unsharded_param_bytes and peak_rss_bytes) restart from what is held
- * now. Both are process-wide. Local. After parallelize (before:
- * FSDP2_ERROR_WRONG_ORDER). If the kernel refuses to reset the peak RSS
- * (it needs Linux 4.0+ and a writable /proc/self/clear_refs) it fails with
- * FSDP2_ERROR_IO and resets neither. */
+/* Local: both peaks restart from now. After parallelize. FSDP2_ERROR_IO (and
+ * nothing reset) if /proc/self/clear_refs cannot be written. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_reset_peak_memory_stats(fsdp2_strategy_t* strategy);
 
 /* Collective. Waits until every rank arrives. */
