@@ -515,9 +515,10 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_set_epoch(fsdp2_strategy_t* strategy,
 
 /* Memory (ABI 1.3): this rank's, in bytes. Set struct_size (as _init does);
  * the library fills the fields that fit and keeps it. Sharded: this rank's
- * rows (all of them on one rank or with NO_SHARD, which never gather). Peaks
- * are process-wide, since parallelize (unsharded) or the process's start
- * (RSS), or the last reset. */
+ * rows (all on one rank or with NO_SHARD). Unsharded: the full copies units
+ * compute with (gathered or cast to bf16; none in fp32 on one rank or with
+ * NO_SHARD). Peaks are process-wide, since parallelize (unsharded) or the
+ * process's start (RSS), or the last reset. */
 typedef struct fsdp2_memory_stats {
   size_t struct_size;
   int64_t sharded_param_bytes, sharded_grad_bytes; /* grads: 0 before a step */

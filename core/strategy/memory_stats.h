@@ -21,7 +21,10 @@ struct StrategyMemoryStats {
   int64_t sharded_param_bytes = 0;   // local parameter shards (the optimizer's)
   int64_t sharded_grad_bytes = 0;    // their .grad (0 until a backward)
   int64_t optimizer_state_bytes = 0; // the optimizer's state tensors on this rank
-  int64_t unsharded_param_bytes = 0; // all-gathered parameters alive now
+  // Full-size parameter copies alive now that units compute with: gathered
+  // shards, or bf16 casts under mixed precision (also on one rank and with
+  // NO_SHARD), in the compute dtype. 0 in fp32 on one rank or with NO_SHARD.
+  int64_t unsharded_param_bytes = 0;
   // High-water mark of unsharded_param_bytes since parallelize() or the last
   // reset_peak_memory_stats(). Process-wide: every sharded module of the
   // process counts.

@@ -513,7 +513,8 @@ class FSDP2Strategy(_Handle):
         """What this rank holds, in bytes, as a dict (the fields of the C
         fsdp2_memory_stats_t): sharded_param_bytes, sharded_grad_bytes,
         optimizer_state_bytes (the optimizer's state tensors on this rank),
-        unsharded_param_bytes (gathered parameters alive now),
+        unsharded_param_bytes (full-size copies units compute with, alive
+        now: gathered shards or bf16 casts, in the compute dtype),
         peak_unsharded_param_bytes (their high-water mark since parallelize()
         or reset_peak_memory_stats()), unsharded_grad_bytes,
         total_param_bytes (the whole model, unsharded, in the parameters'

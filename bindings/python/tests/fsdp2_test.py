@@ -36,7 +36,7 @@ def global_batch(step):
 
 
 def new_strategy(dropout=0.0, **options):
-    s = fsdp2.FSDP2Strategy(precision="fp32", seed=11, **options)
+    s = fsdp2.FSDP2Strategy(**{"precision": "fp32", "seed": 11, **options})
     s.setup_environment()
     with fsdp2.Model.gpt(**GPT, dropout=dropout) as model:
         s.connect(model, fsdp2.Optimizer(lr=0.01))
@@ -446,6 +446,19 @@ def test_memory_stats_full_shard(world):
     assert sum(r["trained"]["sharded_param_bytes"] for r in ranks) == total
     for r in ranks:
         assert abs(r["trained"]["sharded_param_bytes"] - total / world) <= 0.1 * total / world
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_memory_stats_bf16_computes_with_bf16_copies(world):
+    """Under bf16 mixed precision the shards (fp32 masters) and AdamW's state
+    keep their size; the full-size copies units compute with are bf16, also
+    on one rank, where they are casts rather than gathers."""
+    for rank in memory_run(world, precision="bf16"):
+        trained, total = rank["trained"], rank["global_bytes"]
+        assert trained["total_param_bytes"] == total
+        assert trained["sharded_param_bytes"] * world == total
+        assert trained["optimizer_state_bytes"] == 2 * trained["sharded_param_bytes"]
+        assert 0 < trained["peak_unsharded_param_bytes"] <= total // 2
 
 
 def test_memory_stats_no_shard_keeps_the_model_on_each_rank():

@@ -16,7 +16,10 @@ public final class MemoryStats {
   public final long shardedGradBytes;
   /** The optimizer's state tensors on this rank (AdamW: twice the shards after a step). */
   public final long optimizerStateBytes;
-  /** Gathered (unsharded) parameters alive now, in their compute dtype. */
+  /**
+   * Full-size parameter copies alive now that units compute with (gathered shards, or bf16
+   * casts under mixed precision), in the compute dtype; 0 in fp32 on one rank or with NO_SHARD.
+   */
   public final long unshardedParamBytes;
   /** Their high-water mark since parallelize or the last reset (process-wide). */
   public final long peakUnshardedParamBytes;
