@@ -300,44 +300,23 @@ FSDP2_API fsdp2_status_t fsdp2_model_load_torchscript(const char* path,
                                                       fsdp2_model_t** out);
 
 /* Loads a TorchScript module with options, a JSON object (borrowed):
- *
  *   "loss"       "mse" (default) or "cross_entropy": every batch tensor but
- *                the last goes to the script's forward, positionally
- *                (forward(x), forward(tokens, mask), ...), and the loss is
- *                taken between its output and the last tensor (mse: same
- *                shape; cross_entropy: logits [..., classes] against
- *                integer classes [...]). "model": every batch tensor goes
- *                to forward, which returns the loss itself as a
- *                floating-point scalar.
- *   "auto_wrap"  which submodules become FSDP units of their own (each
- *                all-gathers, frees and reduces its parameters on its own,
- *                so only about one block's parameters are unsharded at a
- *                time). Absent: every child of every torch.nn.ModuleList
- *                in the script, at any depth, that has parameters (a
- *                transformer's blocks; experts kept in a ModuleList inside
- *                a block become units inside the block's unit). A list:
- *                submodule paths ("blocks.3") and scripted class names
- *                ("Block" matches the Python class Block wherever it was
- *                defined; "mymodel.Block" only that one), like Lightning's
- *                transformer_auto_wrap_policy. [] keeps the whole script
- *                as one unit. The root module is always a unit of its own.
- *
- * The file needs no change on the Python side: fsdp2 finds the calls of
- * the wrapped submodules in the script's compiled code and runs each
- * between its unit's all-gather and release. Parameters keep the script's
- * dotted names ("blocks.0.up.weight") in state dicts and checkpoints, so a
- * full checkpoint loads into the PyTorch module with load_state_dict. A
- * wrapped submodule may run on only some ranks in a step (an expert that
- * gets no rows, an early exit): the ranks still agree on every collective.
- *
- * Errors: FSDP2_ERROR_IO for a missing or unreadable file;
- * FSDP2_ERROR_INVALID_ARGUMENT for bad JSON, an unknown key or loss, an
- * auto_wrap entry that names no submodule path or class of the script (the
- * message lists its classes and ModuleLists) or names the root, or a
- * script without trainable parameters. At the first step: FSDP2_ERROR_SHAPE
- * when the batch does not fit the forward's arity (the message names the
- * forward's parameters), FSDP2_ERROR_INVALID_ARGUMENT when a "model" loss
- * is not a scalar. */
+ *                the last goes to the script's forward, positionally; the
+ *                last is the target. "model": every tensor goes to forward,
+ *                which returns the loss as a floating-point scalar.
+ *   "auto_wrap"  the submodules that become FSDP units of their own.
+ *                Absent: every child of every torch.nn.ModuleList, at any
+ *                depth, that has parameters. A list: submodule paths
+ *                ("blocks.3") and scripted class names ("Block", or
+ *                "mymodel.Block"). []: the whole script is one unit. The
+ *                root is always a unit of its own.
+ * No change to the file is needed; parameters keep the script's dotted
+ * names. Wrapping rules, and units that run on only some ranks: see
+ * c_api/README.md. Errors: FSDP2_ERROR_IO (file), _INVALID_ARGUMENT (JSON,
+ * key, loss, an auto_wrap entry that names nothing or the root: the message
+ * lists the script's classes); at the first step _SHAPE when the batch does
+ * not fit the forward's arity, _INVALID_ARGUMENT for a non-scalar "model"
+ * loss. */
 FSDP2_API fsdp2_status_t fsdp2_model_load_torchscript_with_options(const char* path,
                                                                    const char* options_json,
                                                                    fsdp2_model_t** out);
@@ -551,6 +530,31 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_current_epoch_step(
     const fsdp2_strategy_t* strategy, int64_t* epoch, int64_t* step);
 FSDP2_API fsdp2_status_t fsdp2_strategy_set_epoch(fsdp2_strategy_t* strategy,
                                                   int64_t epoch);
+
+/* Memory (ABI 1.3): this rank's, in bytes. Set struct_size (as _init does);
+ * the library fills the fields that fit and keeps it. Sharded: this rank's
+ * rows (all on one rank or with NO_SHARD). Unsharded: the full copies units
+ * compute with (gathered or cast to bf16; none in fp32 on one rank or with
+ * NO_SHARD). Peaks are process-wide, since parallelize (unsharded) or the
+ * process's start (RSS), or the last reset. */
+typedef struct fsdp2_memory_stats {
+  size_t struct_size;
+  int64_t sharded_param_bytes, sharded_grad_bytes; /* grads: 0 before a step */
+  int64_t optimizer_state_bytes; /* its state tensors (AdamW: 2 x sharded params) */
+  int64_t unsharded_param_bytes, peak_unsharded_param_bytes; /* gathered, compute dtype */
+  int64_t unsharded_grad_bytes;  /* accumulated without gradient sync */
+  int64_t total_param_bytes;     /* the global model in its dtype, tied ones once */
+  int64_t rss_bytes, peak_rss_bytes; /* VmRSS, VmHWM (>= rss_bytes) */
+} fsdp2_memory_stats_t;
+/* Zeroes *stats and sets struct_size. Accepts NULL. */
+FSDP2_API void fsdp2_memory_stats_init(fsdp2_memory_stats_t* stats);
+/* Local. After parallelize (else WRONG_ORDER), also after teardown. NULL
+ * stats or a struct_size below sizeof(size_t): INVALID_ARGUMENT. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_memory_stats(const fsdp2_strategy_t* strategy,
+                                                     fsdp2_memory_stats_t* stats);
+/* Local: both peaks restart from now. After parallelize. FSDP2_ERROR_IO (and
+ * nothing reset) if /proc/self/clear_refs cannot be written. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_reset_peak_memory_stats(fsdp2_strategy_t* strategy);
 
 /* Collective. Waits until every rank arrives. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_barrier(fsdp2_strategy_t* strategy);

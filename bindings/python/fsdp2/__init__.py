@@ -34,6 +34,7 @@ __all__ = [
     "InternalError", "FSDP2Strategy", "Model",
     "Optimizer", "TokenDataLoader", "StepResult", "launch_local",
     "is_rank_process", "version", "abi_version", "allocator", "restart_count",
+    "MEMORY_STATS",
 ]
 
 
@@ -305,6 +306,14 @@ class TokenDataLoader(_Handle):
         _c.fsdp2_dataloader_set_epoch(self.handle, int(epoch))
 
 
+#: The keys of FSDP2Strategy.memory_stats(), in the C struct's order.
+MEMORY_STATS = (
+    "sharded_param_bytes", "sharded_grad_bytes", "optimizer_state_bytes",
+    "unsharded_param_bytes", "peak_unsharded_param_bytes", "unsharded_grad_bytes",
+    "total_param_bytes", "rss_bytes", "peak_rss_bytes",
+)
+
+
 class FSDP2Strategy(_Handle):
     """NeMo/Lightning's FSDP2Strategy over fsdp2's C++ engine.
 
@@ -514,6 +523,27 @@ class FSDP2Strategy(_Handle):
             return
         for name, value in state.items():
             self.set_parameter(name, value)
+
+    def memory_stats(self):
+        """What this rank holds, in bytes, as a dict (the fields of the C
+        fsdp2_memory_stats_t): sharded_param_bytes, sharded_grad_bytes,
+        optimizer_state_bytes (the optimizer's state tensors on this rank),
+        unsharded_param_bytes (full-size copies units compute with, alive
+        now: gathered shards or bf16 casts, in the compute dtype),
+        peak_unsharded_param_bytes (their high-water mark since parallelize()
+        or reset_peak_memory_stats()), unsharded_grad_bytes,
+        total_param_bytes (the whole model, unsharded, in the parameters'
+        dtype), rss_bytes and peak_rss_bytes (the process's resident memory
+        now and its peak). Local, not collective; after parallelize()."""
+        stats = _c.fsdp2_memory_stats_t()
+        _c.fsdp2_memory_stats_init(stats)
+        _c.fsdp2_strategy_memory_stats(self.handle, stats)
+        return {name: int(getattr(stats, name)) for name in MEMORY_STATS}
+
+    def reset_peak_memory_stats(self):
+        """Starts a new measurement: peak_unsharded_param_bytes and
+        peak_rss_bytes restart from what is held now (both process-wide)."""
+        _c.fsdp2_strategy_reset_peak_memory_stats(self.handle)
 
     @property
     def current_epoch_step(self):
