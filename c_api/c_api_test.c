@@ -13,6 +13,9 @@
  *    the token-file loader trains alike on 1 and 2 ranks.
  *  - Deferred optimizer state: restoring parameters and the optimizer state
  *    reproduces the losses; restoring the parameters alone does not.
+ *  - Memory statistics on 1 and 2 ranks: the shards add up to the model
+ *    (FULL_SHARD) or each rank holds it (NO_SHARD), AdamW's state is twice
+ *    the shards, the peaks and their reset.
  *
  * Every launch of ranks has a timeout: a hung rank fails the test.
  */
@@ -21,6 +24,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,6 +277,120 @@ static int WorkerLoader(int argc, char** argv) {
   return 0;
 }
 
+/* Sum of the parameters' global bytes, from parameter_info (float32 GPT). */
+static int64_t GlobalParameterBytes(fsdp2_strategy_t* s) {
+  int64_t count = 0, i, total = 0;
+  CHECK_OK(fsdp2_strategy_num_parameters(s, &count));
+  for (i = 0; i < count; ++i) {
+    fsdp2_tensor_t info;
+    const char* name = NULL;
+    int64_t n = 1;
+    int32_t d;
+    CHECK_OK(fsdp2_strategy_parameter_info(s, i, &name, &info));
+    for (d = 0; d < info.ndim; ++d) n *= info.shape[d];
+    total += n * (int64_t)fsdp2_dtype_size(info.dtype);
+  }
+  return total;
+}
+
+static fsdp2_memory_stats_t MemoryStats(fsdp2_strategy_t* s) {
+  fsdp2_memory_stats_t stats;
+  fsdp2_memory_stats_init(&stats);
+  CHECK_OK(fsdp2_strategy_memory_stats(s, &stats));
+  EXPECT(stats.rss_bytes > 0 && stats.peak_rss_bytes >= stats.rss_bytes,
+         "rss %lld, peak rss %lld", (long long)stats.rss_bytes, (long long)stats.peak_rss_bytes);
+  return stats;
+}
+
+/* memory OUT: the GPT (fp32, AdamW) on this rank, FULL_SHARD unless
+ * FSDP2_TEST_STRATEGY says otherwise. Checks what a rank can check alone
+ * and writes "sharded_param_bytes total_param_bytes" to OUT.<rank> for the
+ * launcher to add up. Exits 1 on a failed check. */
+static int WorkerMemory(int argc, char** argv) {
+  const char* json = getenv("FSDP2_TEST_STRATEGY");
+  fsdp2_strategy_t* s = NewStrategy(json ? json : "{\"precision\": \"fp32\", \"seed\": 7}");
+  fsdp2_memory_stats_t built, trained, reset, torn_down;
+  int64_t global_bytes;
+  int32_t rank = 0, world = 1;
+  int gathers;
+  char path[600];
+  FILE* out;
+  (void)argc;
+  ConnectGpt(s);
+  CHECK_OK(fsdp2_strategy_rank_info(s, &rank, &world, NULL, NULL));
+  global_bytes = GlobalParameterBytes(s);
+  built = MemoryStats(s);
+  EXPECT(built.total_param_bytes == global_bytes, "total_param_bytes %lld, parameters %lld",
+         (long long)built.total_param_bytes, (long long)global_bytes);
+  EXPECT(built.sharded_param_bytes > 0 && built.sharded_param_bytes <= global_bytes,
+         "sharded_param_bytes %lld of %lld", (long long)built.sharded_param_bytes,
+         (long long)global_bytes);
+  EXPECT(built.sharded_grad_bytes == 0 && built.optimizer_state_bytes == 0,
+         "before a step: grads %lld, optimizer state %lld",
+         (long long)built.sharded_grad_bytes, (long long)built.optimizer_state_bytes);
+  EXPECT(built.peak_unsharded_param_bytes == built.unsharded_param_bytes,
+         "after parallelize the peak (%lld) is what is gathered now (%lld)",
+         (long long)built.peak_unsharded_param_bytes, (long long)built.unsharded_param_bytes);
+
+  TrainStep(s, 0, 1, 0.0);
+  TrainStep(s, 1, 2, 0.5);
+  trained = MemoryStats(s);
+  EXPECT(trained.sharded_param_bytes == built.sharded_param_bytes &&
+             trained.total_param_bytes == global_bytes,
+         "training changed the shards: %lld -> %lld", (long long)built.sharded_param_bytes,
+         (long long)trained.sharded_param_bytes);
+  EXPECT(trained.optimizer_state_bytes == 2 * trained.sharded_param_bytes,
+         "AdamW state %lld, sharded params %lld (expected twice)",
+         (long long)trained.optimizer_state_bytes, (long long)trained.sharded_param_bytes);
+  EXPECT(trained.sharded_grad_bytes == trained.sharded_param_bytes,
+         "after a step the shards' gradients (zeroed, kept) take %lld, the shards %lld",
+         (long long)trained.sharded_grad_bytes, (long long)trained.sharded_param_bytes);
+  /* Parameters are gathered only when they are sharded over several ranks
+   * (not on one rank, not with NO_SHARD), in their compute dtype (fp32 here). */
+  gathers = world > 1 && trained.sharded_param_bytes < global_bytes;
+  EXPECT(gathers ? trained.peak_unsharded_param_bytes > 0 &&
+                       trained.peak_unsharded_param_bytes <= global_bytes
+                 : trained.peak_unsharded_param_bytes == 0,
+         "peak_unsharded_param_bytes %lld, total %lld, %d ranks",
+         (long long)trained.peak_unsharded_param_bytes, (long long)global_bytes, (int)world);
+  EXPECT(trained.unsharded_grad_bytes == 0, "unsharded grads %lld",
+         (long long)trained.unsharded_grad_bytes);
+
+  /* A new measurement: both peaks restart from what is held now. */
+  CHECK_OK(fsdp2_strategy_reset_peak_memory_stats(s));
+  reset = MemoryStats(s);
+  EXPECT(reset.peak_unsharded_param_bytes == reset.unsharded_param_bytes &&
+             (!gathers || reset.peak_unsharded_param_bytes < trained.peak_unsharded_param_bytes),
+         "after a reset: peak unsharded %lld, now %lld, before %lld",
+         (long long)reset.peak_unsharded_param_bytes, (long long)reset.unsharded_param_bytes,
+         (long long)trained.peak_unsharded_param_bytes);
+  EXPECT(reset.peak_rss_bytes <= trained.peak_rss_bytes, "peak rss grew on reset: %lld -> %lld",
+         (long long)trained.peak_rss_bytes, (long long)reset.peak_rss_bytes);
+  TrainStep(s, 2, 1, 0.0);
+  EXPECT(MemoryStats(s).peak_unsharded_param_bytes == trained.peak_unsharded_param_bytes,
+         "a step after the reset reached another peak");
+
+  CHECK_OK(fsdp2_strategy_teardown(s));
+  torn_down = MemoryStats(s);
+  EXPECT(torn_down.optimizer_state_bytes == 0 &&
+             torn_down.sharded_param_bytes == trained.sharded_param_bytes,
+         "after teardown: optimizer state %lld", (long long)torn_down.optimizer_state_bytes);
+
+  snprintf(path, sizeof(path), "%s.%d", argv[0], (int)rank);
+  out = fopen(path, "w");
+  fprintf(out, "%lld %lld\n", (long long)trained.sharded_param_bytes,
+          (long long)trained.total_param_bytes);
+  fclose(out);
+  printf("memory rank %d: sharded params %lld, grads %lld, optimizer %lld, peak unsharded %lld, "
+         "total %lld, rss %lld, peak rss %lld\n", (int)rank,
+         (long long)trained.sharded_param_bytes, (long long)trained.sharded_grad_bytes,
+         (long long)trained.optimizer_state_bytes, (long long)trained.peak_unsharded_param_bytes,
+         (long long)trained.total_param_bytes, (long long)trained.rss_bytes,
+         (long long)trained.peak_rss_bytes);
+  fsdp2_strategy_destroy(s);
+  return failures ? 1 : 0;
+}
+
 /* ------------------------------------------------------------------------
  * Launching ranks of this binary
  * ---------------------------------------------------------------------- */
@@ -510,12 +628,48 @@ static void TestHandlesAndOrder(void) {
                "parallelize");
   EXPECT_ERROR(fsdp2_strategy_save_checkpoint(s, "x"), FSDP2_ERROR_WRONG_ORDER, "parallelize");
   EXPECT_ERROR(fsdp2_strategy_parallelize(s), FSDP2_ERROR_WRONG_ORDER, "connect");
+  {
+    fsdp2_memory_stats_t stats;
+    fsdp2_memory_stats_init(&stats);
+    EXPECT_ERROR(fsdp2_strategy_memory_stats(s, &stats), FSDP2_ERROR_WRONG_ORDER, "parallelize");
+    EXPECT_ERROR(fsdp2_strategy_reset_peak_memory_stats(s), FSDP2_ERROR_WRONG_ORDER,
+                 "parallelize");
+  }
   CHECK_OK(fsdp2_strategy_connect(s, m, NULL));
   EXPECT_ERROR(fsdp2_strategy_connect(s, m, NULL), FSDP2_ERROR_WRONG_ORDER, "already connected");
   fsdp2_model_destroy(m);
   fsdp2_model_destroy(m); /* a second destroy is harmless */
   CHECK_OK(fsdp2_strategy_parallelize(s));
   CHECK_OK(fsdp2_strategy_parallelize(s)); /* a second call does nothing */
+  /* Memory statistics of ABI 1.3: bad handles and structs; an older, shorter
+   * struct gets only the fields it has. */
+  {
+    fsdp2_memory_stats_t stats;
+    fsdp2_memory_stats_init(&stats);
+    EXPECT(stats.struct_size == sizeof(stats) && stats.total_param_bytes == 0,
+           "init: struct_size %d", (int)stats.struct_size);
+    EXPECT_ERROR(fsdp2_strategy_memory_stats(NULL, &stats), FSDP2_ERROR_INVALID_HANDLE, "NULL");
+    /* m was destroyed above. */
+    EXPECT_ERROR(fsdp2_strategy_memory_stats((fsdp2_strategy_t*)m, &stats),
+                 FSDP2_ERROR_INVALID_HANDLE, "not live");
+    EXPECT_ERROR(fsdp2_strategy_reset_peak_memory_stats(NULL), FSDP2_ERROR_INVALID_HANDLE,
+                 "NULL");
+    EXPECT_ERROR(fsdp2_strategy_memory_stats(s, NULL), FSDP2_ERROR_INVALID_ARGUMENT,
+                 "stats is NULL");
+    stats.struct_size = 0;
+    EXPECT_ERROR(fsdp2_strategy_memory_stats(s, &stats), FSDP2_ERROR_INVALID_ARGUMENT,
+                 "struct_size");
+    memset(&stats, 0xff, sizeof(stats));
+    stats.struct_size = offsetof(fsdp2_memory_stats_t, optimizer_state_bytes);
+    CHECK_OK(fsdp2_strategy_memory_stats(s, &stats));
+    EXPECT(stats.struct_size == offsetof(fsdp2_memory_stats_t, optimizer_state_bytes),
+           "struct_size became %d", (int)stats.struct_size);
+    EXPECT(stats.sharded_param_bytes > 0 && stats.sharded_grad_bytes == 0,
+           "a short struct: sharded params %lld, grads %lld",
+           (long long)stats.sharded_param_bytes, (long long)stats.sharded_grad_bytes);
+    EXPECT(stats.optimizer_state_bytes == -1 && stats.peak_rss_bytes == -1,
+           "fields beyond a short struct_size were written");
+  }
   /* Checkpoint calls of ABI 1.2: unknown flags, a bad target, a missing
    * state file; nothing in flight. */
   {
@@ -845,6 +999,57 @@ static void TestTokenLoader(void) {
   }
 }
 
+/* Memory statistics on 1 and 2 ranks: each rank's checks (WorkerMemory),
+ * and the shards add up to the whole model: FULL_SHARD splits the
+ * parameters' rows over the ranks, NO_SHARD keeps them all on each. */
+static void TestMemoryStats(void) {
+  static const struct {
+    int world;
+    const char* json;
+    int sharded; /* 1: the ranks' shards add up to the total; 0: each holds it */
+  } cases[] = {
+      {1, "{\"precision\": \"fp32\", \"seed\": 7}", 1},
+      {2, "{\"precision\": \"fp32\", \"seed\": 7}", 1},
+      {2, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"no_shard\"}", 0},
+  };
+  int c;
+  for (c = 0; c < (int)(sizeof(cases) / sizeof(cases[0])); ++c) {
+    char prefix[600], path[700];
+    const char* args[1];
+    long long sum = 0, total = -1;
+    int r;
+    snprintf(prefix, sizeof(prefix), "%s/memory.%d", tmpdir, c);
+    args[0] = prefix;
+    setenv("FSDP2_TEST_STRATEGY", cases[c].json, 1);
+    EXPECT(LaunchRanks(cases[c].world, "memory", args, 1, 240) == 0,
+           "memory statistics with %s on %d ranks failed", cases[c].json, cases[c].world);
+    unsetenv("FSDP2_TEST_STRATEGY");
+    for (r = 0; r < cases[c].world; ++r) {
+      long long sharded = -1, rank_total = -1;
+      FILE* f;
+      snprintf(path, sizeof(path), "%s.%d", prefix, r);
+      f = fopen(path, "r");
+      EXPECT(f != NULL, "rank %d wrote no %s", r, path);
+      if (f == NULL) continue;
+      EXPECT(fscanf(f, "%lld %lld", &sharded, &rank_total) == 2, "bad %s", path);
+      fclose(f);
+      EXPECT(total < 0 || rank_total == total, "ranks disagree on the total: %lld, %lld", total,
+             rank_total);
+      total = rank_total;
+      if (cases[c].sharded) {
+        sum += sharded;
+      } else {
+        EXPECT(sharded == rank_total, "%s: rank %d holds %lld of %lld", cases[c].json, r,
+               sharded, rank_total);
+      }
+    }
+    if (cases[c].sharded) {
+      EXPECT(sum == total, "%s on %d ranks: the shards add up to %lld, the model is %lld",
+             cases[c].json, cases[c].world, sum, total);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   const char* t = getenv("TEST_TMPDIR");
   snprintf(tmpdir, sizeof(tmpdir), "%s", t ? t : "/tmp");
@@ -852,6 +1057,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[2], "train") == 0) return WorkerTrain(argc - 3, argv + 3);
     if (strcmp(argv[2], "resume") == 0) return WorkerResume(argc - 3, argv + 3);
     if (strcmp(argv[2], "loader") == 0) return WorkerLoader(argc - 3, argv + 3);
+    if (strcmp(argv[2], "memory") == 0) return WorkerMemory(argc - 3, argv + 3);
     fprintf(stderr, "unknown scenario %s\n", argv[2]);
     return 2;
   }
@@ -878,6 +1084,7 @@ int main(int argc, char** argv) {
   TestStrategiesAndPrecision();
   TestCheckpointResume();
   TestTokenLoader();
+  TestMemoryStats();
   printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
 }

@@ -69,7 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 2 /* 1.2: background saves, restarts, state files, activation checkpointing */
+#define FSDP2_ABI_VERSION_MINOR 3 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -293,15 +293,33 @@ FSDP2_API fsdp2_status_t fsdp2_model_create_deferred(fsdp2_strategy_t* strategy,
                                                      fsdp2_model_t** out);
 
 /* Loads a TorchScript module saved by torch.jit.save (Python) or
- * torch::jit::Module::save. Its forward takes the batch's first tensor;
- * `loss` names the loss between the output and the batch's second tensor:
- * "mse" or "cross_entropy". The whole module becomes ONE FSDP unit: its
- * parameters, gradients and optimizer state are sharded at rest, and all of
- * its parameters are gathered together for each forward and backward (no
- * per-block granularity: TorchScript modules have no ModuleList to split). */
+ * torch::jit::Module::save, with the default wrapping: the same as
+ * fsdp2_model_load_torchscript_with_options with {"loss": loss}. */
 FSDP2_API fsdp2_status_t fsdp2_model_load_torchscript(const char* path,
                                                       const char* loss,
                                                       fsdp2_model_t** out);
+
+/* Loads a TorchScript module with options, a JSON object (borrowed):
+ *   "loss"       "mse" (default) or "cross_entropy": every batch tensor but
+ *                the last goes to the script's forward, positionally; the
+ *                last is the target. "model": every tensor goes to forward,
+ *                which returns the loss as a floating-point scalar.
+ *   "auto_wrap"  the submodules that become FSDP units of their own.
+ *                Absent: every child of every torch.nn.ModuleList, at any
+ *                depth, that has parameters. A list: submodule paths
+ *                ("blocks.3") and scripted class names ("Block", or
+ *                "mymodel.Block"). []: the whole script is one unit. The
+ *                root is always a unit of its own.
+ * No change to the file is needed; parameters keep the script's dotted
+ * names. Wrapping rules, and units that run on only some ranks: see
+ * c_api/README.md. Errors: FSDP2_ERROR_IO (file), _INVALID_ARGUMENT (JSON,
+ * key, loss, an auto_wrap entry that names nothing or the root: the message
+ * lists the script's classes); at the first step _SHAPE when the batch does
+ * not fit the forward's arity, _INVALID_ARGUMENT for a non-scalar "model"
+ * loss. */
+FSDP2_API fsdp2_status_t fsdp2_model_load_torchscript_with_options(const char* path,
+                                                                   const char* options_json,
+                                                                   fsdp2_model_t** out);
 
 /* Releases the caller's reference. A strategy the model is connected to
  * keeps its own. Accepts NULL. */
@@ -512,6 +530,31 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_current_epoch_step(
     const fsdp2_strategy_t* strategy, int64_t* epoch, int64_t* step);
 FSDP2_API fsdp2_status_t fsdp2_strategy_set_epoch(fsdp2_strategy_t* strategy,
                                                   int64_t epoch);
+
+/* Memory (ABI 1.3): this rank's, in bytes. Set struct_size (as _init does);
+ * the library fills the fields that fit and keeps it. Sharded: this rank's
+ * rows (all on one rank or with NO_SHARD). Unsharded: the full copies units
+ * compute with (gathered or cast to bf16; none in fp32 on one rank or with
+ * NO_SHARD). Peaks are process-wide, since parallelize (unsharded) or the
+ * process's start (RSS), or the last reset. */
+typedef struct fsdp2_memory_stats {
+  size_t struct_size;
+  int64_t sharded_param_bytes, sharded_grad_bytes; /* grads: 0 before a step */
+  int64_t optimizer_state_bytes; /* its state tensors (AdamW: 2 x sharded params) */
+  int64_t unsharded_param_bytes, peak_unsharded_param_bytes; /* gathered, compute dtype */
+  int64_t unsharded_grad_bytes;  /* accumulated without gradient sync */
+  int64_t total_param_bytes;     /* the global model in its dtype, tied ones once */
+  int64_t rss_bytes, peak_rss_bytes; /* VmRSS, VmHWM (>= rss_bytes) */
+} fsdp2_memory_stats_t;
+/* Zeroes *stats and sets struct_size. Accepts NULL. */
+FSDP2_API void fsdp2_memory_stats_init(fsdp2_memory_stats_t* stats);
+/* Local. After parallelize (else WRONG_ORDER), also after teardown. NULL
+ * stats or a struct_size below sizeof(size_t): INVALID_ARGUMENT. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_memory_stats(const fsdp2_strategy_t* strategy,
+                                                     fsdp2_memory_stats_t* stats);
+/* Local: both peaks restart from now. After parallelize. FSDP2_ERROR_IO (and
+ * nothing reset) if /proc/self/clear_refs cannot be written. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_reset_peak_memory_stats(fsdp2_strategy_t* strategy);
 
 /* Collective. Waits until every rank arrives. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_barrier(fsdp2_strategy_t* strategy);

@@ -2,6 +2,8 @@
 //
 // fsdp2_model_t: built-in model families from JSON, deferred (meta) builds
 // under a strategy, TorchScript files (see internal/builtin_modules.h).
+#include <nlohmann/json.hpp>
+
 #include "c_api/fsdp2.h"
 #include "c_api/internal/api_impl.h"
 #include "c_api/internal/builtin_modules.h"
@@ -44,7 +46,20 @@ fsdp2_status_t fsdp2_model_load_torchscript(const char* path, const char* loss,
   NotNull(path, "path");
   NotNull(loss, "loss");
   auto state = std::make_shared<ModelState>();
-  state->module = LoadTorchScriptModule(path, loss);
+  state->module = LoadTorchScriptModule(path, nlohmann::json{{"loss", loss}}.dump());
+  *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
+  FSDP2_API_END_FILE
+}
+
+fsdp2_status_t fsdp2_model_load_torchscript_with_options(const char* path,
+                                                         const char* options_json,
+                                                         fsdp2_model_t** out) {
+  FSDP2_API_BEGIN
+  NotNull(out, "out");
+  NotNull(path, "path");
+  NotNull(options_json, "options_json");
+  auto state = std::make_shared<ModelState>();
+  state->module = LoadTorchScriptModule(path, options_json);
   *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
   FSDP2_API_END_FILE
 }

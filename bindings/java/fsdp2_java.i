@@ -419,6 +419,7 @@ FSDP2_STRUCT(fsdp2_optimizer_options)
 FSDP2_STRUCT(fsdp2_step_options)
 FSDP2_STRUCT(fsdp2_step_result)
 FSDP2_STRUCT(fsdp2_token_loader_options)
+FSDP2_STRUCT(fsdp2_memory_stats)
 
 /* Described by org.fsdp2.Tensor, freed by the typemaps. */
 %ignore fsdp2_tensor;

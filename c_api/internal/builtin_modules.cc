@@ -2,11 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
-#include <torch/csrc/jit/api/module.h>
-#include <torch/csrc/jit/serialization/import.h>
 #include <torch/nn/functional/loss.h>
 
-#include <filesystem>
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -14,6 +12,7 @@
 #include "core/fsdp/fully_shard.h"
 #include "core/models/gpt_module.h"
 #include "core/models/mlp_module.h"
+#include "core/script/script_model.h"
 #include "core/strategy/optimizer.h"
 
 namespace fsdp2 {
@@ -188,47 +187,32 @@ class MLPFamily : public BuiltinModule {
   std::shared_ptr<models::MLPModule> core_;
 };
 
-// A TorchScript module as a torch::nn::Module: its parameters are registered
-// here as the very tensors the script module holds, so when FSDP swaps their
-// storage (unshard/reshard), the script's forward sees the full values.
-class ScriptWrapperImpl : public torch::nn::Module {
- public:
-  explicit ScriptWrapperImpl(torch::jit::Module script) : script_(std::move(script)) {
-    int i = 0;
-    for (const auto& p : script_.named_parameters(/*recurse=*/true)) {
-      // Dots are not allowed in registered names.
-      std::string name = p.name;
-      for (char& c : name) c = c == '.' ? '_' : c;
-      if (name.empty()) name = "param_" + std::to_string(i);
-      register_parameter(name, p.value, p.value.requires_grad());
-      ++i;
-    }
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    c10::IValue out = script_.forward({x});
-    if (!out.isTensor()) {
-      throw InvalidArgumentError("the TorchScript module's forward must return a tensor");
-    }
-    return out.toTensor();
-  }
-
- private:
-  torch::jit::Module script_;
-};
-TORCH_MODULE(ScriptWrapper);
-
+// A TorchScript module (core/script's ScriptModel: one FSDP unit per
+// wrapped submodule, then the root). Every batch tensor but the target goes
+// to the script's forward, positionally; with the loss "model" all of them
+// do and the forward returns the loss.
 class TorchScriptModule : public BuiltinModule {
  public:
-  TorchScriptModule(torch::jit::Module script, std::string loss)
-      : wrapper_(std::move(script)), loss_(std::move(loss)) {}
-  std::shared_ptr<torch::nn::Module> module() override { return wrapper_.ptr(); }
+  TorchScriptModule(script::ScriptModel model, std::string loss)
+      : model_(std::move(model)), loss_(std::move(loss)) {
+    for (const auto& p : model_->parameters()) {
+      if (p.is_floating_point()) {
+        float_dtype_ = p.scalar_type();
+        break;
+      }
+    }
+  }
+  std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
   std::string family() const override { return "torchscript"; }
 
   void CheckBatch(const Batch& batch) override {
-    RequireTensors(batch, 2, "{input, target}");
+    const size_t targets = loss_ == "model" ? 0 : 1;
+    RequireTensors(batch, targets + 1, loss_ == "model" ? "{the forward's inputs}"
+                                                          : "{the forward's inputs..., target}");
+    CheckArity(batch.size() - targets, targets);
   }
   std::vector<int64_t> PredictShape(const Batch& batch) override {
-    RequireTensors(batch, 1, "{input}");
+    RequireTensors(batch, 1, "{the forward's inputs...}");
     at::NoGradGuard no_grad;
     return Predict(batch).sizes().vec();  // the script's shape rules are its own
   }
@@ -236,27 +220,75 @@ class TorchScriptModule : public BuiltinModule {
  protected:
   at::Tensor Loss(const Batch& batch) override {
     CheckBatch(batch);
-    at::Tensor out = Predict(batch);
-    if (loss_ == "cross_entropy") {
-      if (!IsInteger(batch[1])) throw ShapeError("cross_entropy needs integer class targets");
-      return F::cross_entropy(out.reshape({-1, out.size(-1)}), batch[1].reshape({-1}).to(at::kLong));
+    if (loss_ == "model") {
+      c10::IValue out = Run(batch, batch.size());
+      if (!out.isTensor() || out.toTensor().dim() != 0 ||
+          !out.toTensor().is_floating_point()) {
+        throw InvalidArgumentError(
+            "with \"loss\": \"model\" the script's forward must return the loss as a "
+            "floating-point scalar tensor; it returned " + Describe(out));
+      }
+      return out.toTensor();
     }
-    if (!batch[1].sizes().equals(out.sizes())) {
+    at::Tensor out = OutputTensor(Run(batch, batch.size() - 1));
+    const at::Tensor& target = batch.back();
+    if (loss_ == "cross_entropy") {
+      if (!IsInteger(target)) throw ShapeError("cross_entropy needs integer class targets");
+      return F::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}).to(at::kLong));
+    }
+    if (!target.sizes().equals(out.sizes())) {
       std::ostringstream s;
       s << "mse targets must have the output's shape " << out.sizes() << ", got "
-        << ShapeString(batch[1]);
+        << ShapeString(target);
       throw ShapeError(s.str());
     }
-    return F::mse_loss(out, batch[1].to(out.scalar_type()));
+    return F::mse_loss(out, target.to(out.scalar_type()));
   }
+  // The forward's inputs are the batch's first tensors (a predict batch may
+  // carry its targets too).
   at::Tensor Predict(const Batch& batch) override {
-    at::Tensor x = batch[0].is_floating_point() ? batch[0].to(at::kFloat) : batch[0];
-    return fsdp::forward(wrapper_, x);
+    const size_t n = std::min(batch.size(), model_->num_inputs());
+    CheckArity(n, 0);
+    return OutputTensor(Run(batch, n));
   }
 
  private:
-  ScriptWrapper wrapper_;
+  c10::IValue Run(const Batch& batch, size_t n) {
+    std::vector<c10::IValue> inputs;
+    for (size_t i = 0; i < n; ++i) {
+      inputs.emplace_back(batch[i].is_floating_point() ? batch[i].to(float_dtype_) : batch[i]);
+    }
+    return model_->forward(std::move(inputs));
+  }
+  void CheckArity(size_t given, size_t targets) const {
+    const size_t most = model_->num_inputs(), least = model_->num_required_inputs();
+    if (given >= least && given <= most) return;
+    std::string names;
+    for (const std::string& n : model_->input_names()) names += (names.empty() ? "" : ", ") + n;
+    std::string takes = least == most ? std::to_string(most)
+                                      : std::to_string(least) + " to " + std::to_string(most);
+    throw ShapeError("the script's forward(" + names + ") takes " + takes +
+                     " input(s), but the batch gives " + std::to_string(given) +
+                     (targets ? " (every tensor but the last, the " + loss_ + " target)"
+                              : std::string(" (every tensor: the loss is the model's)")));
+  }
+  static std::string Describe(const c10::IValue& v) {
+    if (!v.isTensor()) return "a " + v.tagKind();
+    std::ostringstream s;
+    s << "a tensor of shape " << v.toTensor().sizes() << " " << v.toTensor().dtype();
+    return s.str();
+  }
+  static at::Tensor OutputTensor(const c10::IValue& out) {
+    if (!out.isTensor()) {
+      throw InvalidArgumentError("the TorchScript module's forward must return a tensor, not " +
+                                 Describe(out));
+    }
+    return out.toTensor();
+  }
+
+  script::ScriptModel model_;
   std::string loss_;
+  at::ScalarType float_dtype_ = at::kFloat;
 };
 
 }  // namespace
@@ -333,35 +365,61 @@ std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& text) {
 }
 
 std::shared_ptr<BuiltinModule> LoadTorchScriptModule(const std::string& path,
-                                                     const std::string& loss) {
-  if (loss != "mse" && loss != "cross_entropy") {
-    throw InvalidArgumentError("TorchScript loss must be \"mse\" or \"cross_entropy\", got \"" +
-                                loss + "\"");
-  }
-  if (!std::filesystem::is_regular_file(path)) {
-    throw IoError("TorchScript file " + path + " does not exist or is not a file");
-  }
-  torch::jit::Module script;
+                                                     const std::string& options_json) {
+  nlohmann::json options;
   try {
-    script = torch::jit::load(path);
-  } catch (const c10::Error& e) {
-    throw IoError("cannot load TorchScript file " + path + ": " + e.what_without_backtrace());
+    options = nlohmann::json::parse(options_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgumentError(std::string("TorchScript options are not valid JSON: ") + e.what());
   }
-  if (!script.find_method("forward")) {
-    throw InvalidArgumentError("TorchScript module " + path + " has no forward method");
+  if (!options.is_object()) {
+    throw InvalidArgumentError("TorchScript options must be a JSON object, got " +
+                               options.dump());
   }
+  std::string loss = "mse";
+  script::ScriptWrapPolicy policy;
+  for (const auto& [key, value] : options.items()) {
+    if (key == "loss") {
+      if (!value.is_string()) {
+        throw InvalidArgumentError("TorchScript option \"loss\" must be a string, got " +
+                                   value.dump());
+      }
+      loss = value.get<std::string>();
+    } else if (key == "auto_wrap") {
+      bool ok = value.is_array();
+      std::vector<std::string> entries;
+      for (const auto& e : ok ? value : nlohmann::json::array()) {
+        if (!e.is_string()) ok = false;
+        else entries.push_back(e.get<std::string>());
+      }
+      if (!ok) {
+        throw InvalidArgumentError(
+            "TorchScript option \"auto_wrap\" must be a list of submodule paths and class "
+            "names, got " + value.dump());
+      }
+      policy.auto_wrap = std::move(entries);
+    } else {
+      throw InvalidArgumentError("unknown TorchScript option \"" + key +
+                                 "\" (known: loss, auto_wrap)");
+    }
+  }
+  if (loss != "mse" && loss != "cross_entropy" && loss != "model") {
+    throw InvalidArgumentError(
+        "TorchScript loss must be \"mse\", \"cross_entropy\" or \"model\", got \"" + loss +
+        "\"");
+  }
+  script::ScriptModel model = script::LoadScriptModel(path, policy);
   int64_t trainable = 0, total = 0;
-  for (const auto& p : script.parameters()) {
+  for (const auto& p : model->script().parameters()) {
     ++total;
     trainable += p.requires_grad() ? 1 : 0;
   }
   if (trainable == 0) {
     throw InvalidArgumentError("TorchScript module " + path + " has no trainable parameters (" +
-                                std::to_string(total) +
-                                " parameters, none with requires_grad); nothing to train");
+                               std::to_string(total) +
+                               " parameters, none with requires_grad); nothing to train");
   }
-  script.train();
-  return std::make_shared<TorchScriptModule>(std::move(script), loss);
+  return std::make_shared<TorchScriptModule>(std::move(model), loss);
 }
 
 }  // namespace c_api

@@ -57,9 +57,10 @@ class BuiltinModule : public strategy::TrainingModule {
 // Throws std::invalid_argument on bad JSON, unknown families or keys.
 std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& json);
 
-// Loads a TorchScript file as one FSDP unit (see fsdp2_model_load_torchscript).
+// Loads a TorchScript file with its options (a JSON object: "loss",
+// "auto_wrap"; see fsdp2_model_load_torchscript_with_options).
 std::shared_ptr<BuiltinModule> LoadTorchScriptModule(const std::string& path,
-                                                     const std::string& loss);
+                                                     const std::string& options_json);
 
 }  // namespace c_api
 }  // namespace fsdp2

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "core/fsdp/unit_plan.h"
 #include "core/launch/local_launcher.h"
 #include "core/tp/clip_grad.h"
 #include "core/tp/parallelize.h"
@@ -19,6 +20,7 @@
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_set>
 
 namespace fsdp2 {
 namespace strategy {
@@ -96,6 +98,13 @@ void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
     }
     tp::parallelize_module(model, mesh->group("tp"),
                            provider->tensor_parallel_plan(tp_size));
+  }
+  if (auto* plan = dynamic_cast<fsdp::UnitPlanProvider*>(model.get())) {
+    for (const auto& unit : plan->fsdp_unit_plan()) {
+      if (!fsdp::unit_of(*unit)) fsdp::fully_shard(unit, options);
+    }
+    fsdp::fully_shard(model, options);
+    return;
   }
   // Lists deeper in the tree come later in modules(); shard them first so
   // units are applied bottom-up.
@@ -312,8 +321,13 @@ void FSDP2Strategy::parallelize() {
         "tensor_parallel_size = 1");
   }
   std::vector<ParameterInfo> infos;
+  std::unordered_set<const c10::TensorImpl*> counted;  // tied parameters once
+  int64_t total_param_bytes = 0;
   for (const auto& p : module_->module()->named_parameters(/*recurse=*/true)) {
     infos.push_back({p.key(), p.value().sizes().vec(), p.value().scalar_type()});
+    if (counted.insert(p.value().unsafeGetTensorImpl()).second) {
+      total_param_bytes += p.value().numel() * static_cast<int64_t>(p.value().element_size());
+    }
   }
   fn(module_->module(), fsdp_options);
   checkpointed_modules_ = fsdp::apply_activation_checkpointing(
@@ -326,7 +340,33 @@ void FSDP2Strategy::parallelize() {
     throw InvalidArgumentError("FSDP2Strategy::parallelize: configure_optimizers() returned null");
   }
   parameter_infos_ = std::move(infos);
+  total_param_bytes_ = total_param_bytes;
   parallelized_ = true;
+  // memory_stats()'s peak starts here: materialising and sharding are set-up.
+  fsdp::reset_peak_unsharded_param_bytes();
+}
+
+StrategyMemoryStats FSDP2Strategy::memory_stats() const {
+  require(/*setup=*/false, /*parallelized=*/true, "memory_stats");
+  const fsdp::MemoryStats engine = fsdp::memory_stats(*module_->module());
+  StrategyMemoryStats stats;
+  stats.sharded_param_bytes = engine.sharded_param_bytes;
+  stats.sharded_grad_bytes = engine.sharded_grad_bytes;
+  stats.optimizer_state_bytes = optimizer_ ? OptimizerStateBytes(*optimizer_) : 0;
+  stats.unsharded_param_bytes = engine.unsharded_param_bytes;
+  stats.peak_unsharded_param_bytes = fsdp::peak_unsharded_param_bytes();
+  stats.unsharded_grad_bytes = engine.unsharded_grad_bytes;
+  stats.total_param_bytes = total_param_bytes_;
+  const ResidentMemory resident = ProcessResidentMemory();
+  stats.rss_bytes = resident.rss_bytes;
+  stats.peak_rss_bytes = resident.peak_rss_bytes;
+  return stats;
+}
+
+void FSDP2Strategy::reset_peak_memory_stats() {
+  require(/*setup=*/false, /*parallelized=*/true, "reset_peak_memory_stats");
+  ResetPeakResidentBytes();  // first: it is the one that can fail
+  fsdp::reset_peak_unsharded_param_bytes();
 }
 
 const std::vector<FSDP2Strategy::ParameterInfo>& FSDP2Strategy::parameter_infos() const {

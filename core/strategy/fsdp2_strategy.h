@@ -42,6 +42,7 @@
 #include "core/fsdp/fully_shard.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/distributed_sampler.h"
+#include "core/strategy/memory_stats.h"
 #include "core/strategy/training_module.h"
 
 namespace fsdp2 {
@@ -69,9 +70,10 @@ using ParallelizeFn = std::function<void(
 // The reference fsdp2_strategy_parallelize. When the mesh has a "tp" dim of
 // size > 1, first tp::parallelize_module over it with the model's own plan
 // (the model must implement tp::TensorParallelPlanProvider, as GPT does;
-// std::invalid_argument otherwise). Then FSDP: every child of every
-// ModuleList in the model becomes its own unit (transformer blocks), then
-// the root.
+// std::invalid_argument otherwise). Then FSDP: the modules the model names
+// when it implements fsdp::UnitPlanProvider (unit_plan.h: TorchScript models
+// do), otherwise every child of every ModuleList in the model (transformer
+// blocks), each become a unit of their own, then the root.
 void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
                         const fsdp::FSDPOptions& options);
 
@@ -283,6 +285,18 @@ class FSDP2Strategy {
     std::vector<int64_t> shape;
     at::ScalarType dtype;
   };
+  // What this rank holds now (see StrategyMemoryStats): the sharded
+  // engine's bytes, the optimizer's state (0 after teardown()), the model's
+  // global size and the process's resident memory. Local, not collective;
+  // cheap (reads /proc/self/status once). Throws FailedPreconditionError
+  // before parallelize().
+  StrategyMemoryStats memory_stats() const;
+  // Starts a new measurement: peak_unsharded_param_bytes and peak_rss_bytes
+  // restart from what is held now. Both peaks are process-wide. Throws
+  // IoError (and resets nothing) if the kernel refuses to reset the peak
+  // resident memory (ResetPeakResidentBytes).
+  void reset_peak_memory_stats();
+
   // Whether parallelize() has been applied.
   bool parallelized() const { return parallelized_; }
   // Every parameter of the connected model, in named_parameters() order,
@@ -330,6 +344,7 @@ class FSDP2Strategy {
   std::unique_ptr<checkpoint::BackgroundSaver> saver_;  // background saves
   bool parallelized_ = false;
   std::vector<ParameterInfo> parameter_infos_;
+  int64_t total_param_bytes_ = 0;  // the model's parameters before parallelize()
   std::vector<std::string> checkpointed_modules_;
   c10::optional<std::string> pending_optimizer_state_;
   int64_t epoch_ = 0;

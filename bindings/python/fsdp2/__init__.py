@@ -34,6 +34,7 @@ __all__ = [
     "InternalError", "FSDP2Strategy", "Model",
     "Optimizer", "TokenDataLoader", "StepResult", "launch_local",
     "is_rank_process", "version", "abi_version", "allocator", "restart_count",
+    "MEMORY_STATS",
 ]
 
 
@@ -256,9 +257,24 @@ class Model(_Handle):
         return cls.from_config(dict(family="mlp", **sizes))
 
     @classmethod
-    def from_torchscript(cls, path, loss="mse"):
-        """A TorchScript file (torch.jit.save); it trains as one FSDP unit."""
-        return cls(_c.fsdp2_model_load_torchscript(os.fspath(path), loss))
+    def from_torchscript(cls, path, loss="mse", auto_wrap=None):
+        """A TorchScript file (torch.jit.save), trained block by block.
+
+        loss: "mse" or "cross_entropy" (every batch array but the last goes
+        to the script's forward, the last is the target), or "model" (every
+        array goes to forward, which returns the loss).
+        auto_wrap: None (every child of every nn.ModuleList becomes its own
+        FSDP unit), or a list of submodule paths and class names ("Block",
+        "blocks.3"); [] keeps the whole script as one unit. See
+        fsdp2_model_load_torchscript_with_options in fsdp2.h."""
+        options = {"loss": loss}
+        if auto_wrap is not None:
+            if isinstance(auto_wrap, str):
+                raise TypeError("auto_wrap must be a list of paths and class names, "
+                                "not a string")
+            options["auto_wrap"] = list(auto_wrap)
+        return cls(_c.fsdp2_model_load_torchscript_with_options(
+            os.fspath(path), json.dumps(options)))
 
     def num_parameters(self):
         """(parameter tensors, elements), global sizes."""
@@ -288,6 +304,14 @@ class TokenDataLoader(_Handle):
 
     def set_epoch(self, epoch):
         _c.fsdp2_dataloader_set_epoch(self.handle, int(epoch))
+
+
+#: The keys of FSDP2Strategy.memory_stats(), in the C struct's order.
+MEMORY_STATS = (
+    "sharded_param_bytes", "sharded_grad_bytes", "optimizer_state_bytes",
+    "unsharded_param_bytes", "peak_unsharded_param_bytes", "unsharded_grad_bytes",
+    "total_param_bytes", "rss_bytes", "peak_rss_bytes",
+)
 
 
 class FSDP2Strategy(_Handle):
@@ -499,6 +523,27 @@ class FSDP2Strategy(_Handle):
             return
         for name, value in state.items():
             self.set_parameter(name, value)
+
+    def memory_stats(self):
+        """What this rank holds, in bytes, as a dict (the fields of the C
+        fsdp2_memory_stats_t): sharded_param_bytes, sharded_grad_bytes,
+        optimizer_state_bytes (the optimizer's state tensors on this rank),
+        unsharded_param_bytes (full-size copies units compute with, alive
+        now: gathered shards or bf16 casts, in the compute dtype),
+        peak_unsharded_param_bytes (their high-water mark since parallelize()
+        or reset_peak_memory_stats()), unsharded_grad_bytes,
+        total_param_bytes (the whole model, unsharded, in the parameters'
+        dtype), rss_bytes and peak_rss_bytes (the process's resident memory
+        now and its peak). Local, not collective; after parallelize()."""
+        stats = _c.fsdp2_memory_stats_t()
+        _c.fsdp2_memory_stats_init(stats)
+        _c.fsdp2_strategy_memory_stats(self.handle, stats)
+        return {name: int(getattr(stats, name)) for name in MEMORY_STATS}
+
+    def reset_peak_memory_stats(self):
+        """Starts a new measurement: peak_unsharded_param_bytes and
+        peak_rss_bytes restart from what is held now (both process-wide)."""
+        _c.fsdp2_strategy_reset_peak_memory_stats(self.handle)
 
     @property
     def current_epoch_step(self):

@@ -36,7 +36,7 @@ def global_batch(step):
 
 
 def new_strategy(dropout=0.0, **options):
-    s = fsdp2.FSDP2Strategy(precision="fp32", seed=11, **options)
+    s = fsdp2.FSDP2Strategy(**{"precision": "fp32", "seed": 11, **options})
     s.setup_environment()
     with fsdp2.Model.gpt(**GPT, dropout=dropout) as model:
         s.connect(model, fsdp2.Optimizer(lr=0.01))
@@ -102,6 +102,23 @@ def worker(scenario, out, *args):
                       for i in range(steps)]
             if s.rank == 0:
                 np.savez(out, losses=np.array(losses))
+    elif scenario == "memory":
+        # memory_stats() after parallelize, after two steps and after a reset,
+        # with the parameters' global bytes; every rank writes OUT.<rank>.json.
+        options = json.loads(args[0])
+        with new_strategy(**options) as s:
+            global_bytes = sum(int(np.prod(shape)) * 4 for _, _, shape in s._parameter_infos())
+            built = s.memory_stats()
+            for i in range(2):
+                s.training_step(local_rows(s, i), i)
+            trained = s.memory_stats()
+            s.reset_peak_memory_stats()
+            reset = s.memory_stats()
+            with open(f"{out}.{s.rank}.json", "w") as f:
+                json.dump(dict(built=built, trained=trained, reset=reset,
+                               global_bytes=global_bytes), f)
+            if s.rank == 0:
+                np.savez(out, done=np.array([1]))
     elif scenario == "barrier_after":
         import time
         with fsdp2.FSDP2Strategy(timeout_ms=20000) as s:
@@ -117,6 +134,11 @@ def worker(scenario, out, *args):
 def launch(world, scenario, *args):
     """Runs `world` ranks of a scenario; returns rank 0's saved arrays."""
     out = os.path.join(_tmp(), f"{scenario}_{world}_{len(os.listdir(_tmp()))}.npz")
+    return launch_to(out, world, scenario, *args)
+
+
+def launch_to(out, world, scenario, *args):
+    """launch() with the output path given."""
     store = out + ".store"
     procs = []
     for r in range(world):
@@ -251,9 +273,15 @@ def test_calls_in_the_wrong_order_and_closed_handles(tmp_path):
         model.close()
         with pytest.raises(fsdp2.InvalidHandleError, match="closed"):
             model.num_parameters()
+        with pytest.raises(fsdp2.WrongOrderError, match="parallelize"):
+            s.memory_stats()
+        with pytest.raises(fsdp2.WrongOrderError, match="parallelize"):
+            s.reset_peak_memory_stats()
         s.parallelize()
         s.close()
         assert s.closed
+        with pytest.raises(fsdp2.InvalidHandleError):
+            s.memory_stats()
         with pytest.raises(fsdp2.InvalidHandleError):
             s.training_step([tokens, targets], 0)
     finally:
@@ -377,6 +405,68 @@ def test_two_ranks_equal_one_rank():
     # absolute in near-zero biases; a wrong reduction shows up at ~lr = 1e-2.
     for key in one:
         np.testing.assert_allclose(two[key], one[key], rtol=1e-4, atol=1e-4, err_msg=key)
+
+
+def memory_run(world, **options):
+    """Each rank's memory_stats() dicts of the "memory" scenario."""
+    out = os.path.join(_tmp(), f"memory_{world}_{len(os.listdir(_tmp()))}.npz")
+    launch_to(out, world, "memory", json.dumps(options))
+    ranks = []
+    for r in range(world):
+        with open(f"{out}.{r}.json") as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_memory_stats_full_shard(world):
+    ranks = memory_run(world)
+    total = ranks[0]["global_bytes"]
+    for rank in ranks:
+        built, trained, reset = rank["built"], rank["trained"], rank["reset"]
+        for stats in (built, trained, reset):
+            assert tuple(stats) == fsdp2.MEMORY_STATS
+            assert stats["total_param_bytes"] == total
+            assert stats["peak_rss_bytes"] >= stats["rss_bytes"] > 0
+        assert built["optimizer_state_bytes"] == 0 and built["sharded_grad_bytes"] == 0
+        # AdamW keeps two moments per element of this rank's shards.
+        assert trained["optimizer_state_bytes"] == 2 * trained["sharded_param_bytes"]
+        assert trained["sharded_grad_bytes"] == trained["sharded_param_bytes"]
+        if world == 1:
+            # One rank holds everything and never gathers.
+            assert trained["sharded_param_bytes"] == total
+            assert trained["peak_unsharded_param_bytes"] == 0
+        else:
+            assert 0 < trained["peak_unsharded_param_bytes"] <= total
+            assert reset["peak_unsharded_param_bytes"] < trained["peak_unsharded_param_bytes"]
+        assert reset["peak_unsharded_param_bytes"] == reset["unsharded_param_bytes"]
+        assert reset["peak_rss_bytes"] <= trained["peak_rss_bytes"]
+    # FULL_SHARD splits every parameter's rows over the ranks: the shards add
+    # up to the model, about half of it on each of 2 ranks.
+    assert sum(r["trained"]["sharded_param_bytes"] for r in ranks) == total
+    for r in ranks:
+        assert abs(r["trained"]["sharded_param_bytes"] - total / world) <= 0.1 * total / world
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_memory_stats_bf16_computes_with_bf16_copies(world):
+    """Under bf16 mixed precision the shards (fp32 masters) and AdamW's state
+    keep their size; the full-size copies units compute with are bf16, also
+    on one rank, where they are casts rather than gathers."""
+    for rank in memory_run(world, precision="bf16"):
+        trained, total = rank["trained"], rank["global_bytes"]
+        assert trained["total_param_bytes"] == total
+        assert trained["sharded_param_bytes"] * world == total
+        assert trained["optimizer_state_bytes"] == 2 * trained["sharded_param_bytes"]
+        assert 0 < trained["peak_unsharded_param_bytes"] <= total // 2
+
+
+def test_memory_stats_no_shard_keeps_the_model_on_each_rank():
+    for rank in memory_run(2, sharding_strategy="no_shard"):
+        trained = rank["trained"]
+        assert trained["sharded_param_bytes"] == trained["total_param_bytes"] == rank["global_bytes"]
+        assert trained["optimizer_state_bytes"] == 2 * rank["global_bytes"]
+        assert trained["peak_unsharded_param_bytes"] == 0
 
 
 def test_activation_checkpointing_options():

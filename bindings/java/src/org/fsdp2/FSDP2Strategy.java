@@ -5,6 +5,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import org.fsdp2.internal.Fsdp2Native;
+import org.fsdp2.internal.fsdp2_memory_stats_t;
 import org.fsdp2.internal.fsdp2_optimizer_options_t;
 import org.fsdp2.internal.fsdp2_step_options_t;
 import org.fsdp2.internal.fsdp2_step_result_t;
@@ -409,6 +410,29 @@ public final class FSDP2Strategy extends Handle {
    */
   public void loadModelStateDict(String safetensorsPath) {
     Fsdp2Native.fsdp2_strategy_load_model_state_dict_file(handle(), safetensorsPath);
+  }
+
+  /**
+   * What this rank holds, in bytes (see {@link MemoryStats}). Local, not
+   * collective; after {@link #parallelize()}.
+   */
+  public MemoryStats memoryStats() {
+    try (fsdp2_memory_stats_t stats = new fsdp2_memory_stats_t()) {
+      Fsdp2Native.fsdp2_memory_stats_init(stats);
+      Fsdp2Native.fsdp2_strategy_memory_stats(handle(), stats);
+      return new MemoryStats(stats.getSharded_param_bytes(), stats.getSharded_grad_bytes(),
+          stats.getOptimizer_state_bytes(), stats.getUnsharded_param_bytes(),
+          stats.getPeak_unsharded_param_bytes(), stats.getUnsharded_grad_bytes(),
+          stats.getTotal_param_bytes(), stats.getRss_bytes(), stats.getPeak_rss_bytes());
+    }
+  }
+
+  /**
+   * Starts a new measurement: the peaks of {@link MemoryStats} restart from
+   * what is held now (both are process-wide).
+   */
+  public void resetPeakMemoryStats() {
+    Fsdp2Native.fsdp2_strategy_reset_peak_memory_stats(handle());
   }
 
   /** {epoch, optimizer steps taken}. */

@@ -1,6 +1,8 @@
 package org.fsdp2;
 
+import java.util.ArrayList;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import org.fsdp2.internal.Fsdp2Native;
 
@@ -49,11 +51,31 @@ public final class Model extends Handle {
     return fromConfig(Native.jsonObject(config));
   }
 
-  /** A TorchScript file; loss is "mse" or "cross_entropy". */
+  /**
+   * A TorchScript file, trained block by block: every child of every nn.ModuleList becomes its own
+   * FSDP unit. loss is "mse" or "cross_entropy" (every batch tensor but the last goes to the
+   * script's forward, the last is the target) or "model" (every tensor goes to forward, which
+   * returns the loss).
+   */
   public static Model fromTorchScript(String path, String loss) {
     Native.init();
     long[] out = new long[1];
     Fsdp2Native.fsdp2_model_load_torchscript(path, loss, out);
+    return new Model(out[0]);
+  }
+
+  /**
+   * As {@link #fromTorchScript(String, String)}, with the FSDP units named: submodule paths
+   * ("blocks.3") and scripted class names ("Block"); an empty list keeps the whole script as one
+   * unit. See fsdp2_model_load_torchscript_with_options in fsdp2.h.
+   */
+  public static Model fromTorchScript(String path, String loss, List<String> autoWrap) {
+    Native.init();
+    Map<String, Object> options = new LinkedHashMap<>();
+    options.put("loss", loss);
+    options.put("auto_wrap", new ArrayList<>(autoWrap));
+    long[] out = new long[1];
+    Fsdp2Native.fsdp2_model_load_torchscript_with_options(path, Native.jsonObject(options), out);
     return new Model(out[0]);
   }
 

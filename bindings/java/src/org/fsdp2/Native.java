@@ -81,6 +81,14 @@ final class Native {
   static String json(Object value) {
     if (value == null) return "null";
     if (value instanceof Number || value instanceof Boolean) return value.toString();
+    if (value instanceof java.util.List) {
+      StringBuilder list = new StringBuilder("[");
+      for (Object e : (java.util.List<?>) value) {
+        if (list.length() > 1) list.append(", ");
+        list.append(json(e));
+      }
+      return list.append(']').toString();
+    }
     StringBuilder s = new StringBuilder("\"");
     for (char c : value.toString().toCharArray()) {
       switch (c) {

@@ -119,7 +119,12 @@ class FSDP2StrategyTest {
         "n_head", 2, "n_embd", 16))) {
       s.connect(m, OptimizerOptions.adamw().lr(0.01));
     }
+    expect(Status.WRONG_ORDER, "parallelize", s::memoryStats);
+    expect(Status.WRONG_ORDER, "parallelize", s::resetPeakMemoryStats);
     s.parallelize();
+    MemoryStats built = s.memoryStats();
+    assertEquals(0, built.optimizerStateBytes);
+    assertEquals(built.totalParamBytes, built.shardedParamBytes, "one rank holds everything");
 
     Tensor floats = Tensor.zeros(Tensor.FLOAT32, TrainWorker.ROWS, TrainWorker.BLOCK);
     expect(Status.SHAPE, "integer tensor", () -> s.trainingStep(0, floats, targets));
@@ -134,6 +139,12 @@ class FSDP2StrategyTest {
     assertTrue(s.validationStep(0, tokens, targets) > 0);
     Tensor logits = s.predictStep(0, tokens);
     assertArrayEquals(new long[] {TrainWorker.ROWS, TrainWorker.BLOCK, 32}, logits.shape());
+    MemoryStats trained = s.memoryStats();
+    assertEquals(2 * trained.shardedParamBytes, trained.optimizerStateBytes, "AdamW: " + trained);
+    assertEquals(trained.totalParamBytes, trained.toMap().get("total_param_bytes"));
+    assertEquals(9, trained.toMap().size());
+    assertTrue(trained.peakRssBytes >= trained.rssBytes && trained.rssBytes > 0, "" + trained);
+    s.resetPeakMemoryStats();
 
     List<String> names = s.parameterNames();
     assertEquals("wte.weight", names.get(0));
@@ -290,6 +301,39 @@ class FSDP2StrategyTest {
     List<String> noDropout = runRanks(1, dir.resolve("nodrop.txt"), 3, "ac=none", "dropout=0");
     assertNotEquals(noDropout, runRanks(1, dir.resolve("plain1b.txt"), 3, "dropout=0.1"),
         "dropout had no effect");
+  }
+
+  /** Memory statistics on 1 and 2 JVMs: the shards add up to the model (FULL_SHARD). */
+  @Test
+  void memoryStatsOfOneAndTwoJvms() throws Exception {
+    Path dir = Files.createTempDirectory(Path.of(System.getProperty("java.io.tmpdir")), "mem");
+    for (int world : new int[] {1, 2}) {
+      Path out = dir.resolve("memory" + world + ".txt");
+      runRanks(world, out, 2, "memory");
+      long sharded = 0, total = -1;
+      for (int r = 0; r < world; ++r) {
+        String[] v = Files.readString(Path.of(out + ".memory." + r)).trim().split(" ");
+        long rankSharded = Long.parseLong(v[0]), rankTotal = Long.parseLong(v[1]);
+        long optimizer = Long.parseLong(v[2]), grads = Long.parseLong(v[3]);
+        long peakUnsharded = Long.parseLong(v[4]), rss = Long.parseLong(v[5]);
+        long peakRss = Long.parseLong(v[6]);
+        assertTrue(total < 0 || total == rankTotal, "ranks disagree on the total");
+        total = rankTotal;
+        sharded += rankSharded;
+        assertEquals(2 * rankSharded, optimizer, "AdamW state on rank " + r);
+        assertEquals(rankSharded, grads, "gradients of the shards on rank " + r);
+        if (world == 1) {
+          assertEquals(0, peakUnsharded, "one rank never gathers");
+        } else {
+          assertTrue(peakUnsharded > 0 && peakUnsharded <= rankTotal, "peak " + peakUnsharded);
+          assertEquals(rankTotal / 2.0, rankSharded, 0.1 * rankTotal / 2, "about half");
+        }
+        assertTrue(peakRss >= rss && rss > 0, rss + " " + peakRss);
+      }
+      assertEquals(total, sharded, world + " JVMs: the shards add up to the model");
+      // fp32 GPT of TrainWorker: 28928 bytes of parameters.
+      assertEquals(28928, total);
+    }
   }
 
   @Test

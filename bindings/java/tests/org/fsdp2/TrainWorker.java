@@ -7,7 +7,9 @@ import java.util.Map;
  * One rank of the multi-JVM test: trains the GPT on this rank's rows of a
  * fixed sequence of global batches and writes (rank 0) the losses and the
  * full token embedding. Usage: TrainWorker OUT STEPS [deferred] [ac=MODE]
- * [dropout=P].
+ * [dropout=P] [memory]. With memory, every rank also writes its memory
+ * statistics after the steps to OUT.memory.RANK: "sharded total optimizer
+ * grads peakUnsharded rss peakRss" (bytes).
  */
 public final class TrainWorker {
   static final int VOCAB = 32, BLOCK = 8, ROWS = 12;
@@ -67,9 +69,12 @@ public final class TrainWorker {
     boolean deferred = false;
     String ac = "none";
     double dropout = 0;
+    boolean memory = false;
     for (int i = 2; i < args.length; ++i) {
       if (args[i].equals("deferred")) {
         deferred = true;
+      } else if (args[i].equals("memory")) {
+        memory = true;
       } else if (args[i].startsWith("ac=")) {
         ac = args[i].substring(3);
       } else if (args[i].startsWith("dropout=")) {
@@ -81,6 +86,14 @@ public final class TrainWorker {
     try (FSDP2Strategy s = newStrategy(deferred, ac, dropout)) {
       double[] losses = new double[steps];
       for (int i = 0; i < steps; ++i) losses[i] = s.trainingStep(i, 2, 0.5, localBatch(s, i)).loss;
+      if (memory) {
+        MemoryStats m = s.memoryStats();
+        try (PrintWriter out = new PrintWriter(args[0] + ".memory." + s.rank())) {
+          out.println(m.shardedParamBytes + " " + m.totalParamBytes + " " + m.optimizerStateBytes
+              + " " + m.shardedGradBytes + " " + m.peakUnshardedParamBytes + " " + m.rssBytes
+              + " " + m.peakRssBytes);
+        }
+      }
       float[] wte = s.getParameter("wte.weight").toFloatArray();  // collective
       if (s.rank() == 0) {
         try (PrintWriter out = new PrintWriter(args[0])) {
