@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
@@ -217,6 +218,57 @@ TEST(ShmTransport, CollectivesMatchTheirDefinition) {
   for (int n : {2, 3}) {
     auto r = LaunchRanks(Ranks(n, "shm_transport"));
     EXPECT_TRUE(r.ok()) << "world " << n << "\n" << r.Describe();
+  }
+}
+
+// args[0]: how rank 1's collective differs from rank 0's all-reduce of 4
+// floats. Every rank must fail naming both, never mix the buffers.
+FSDP2_SCENARIO(shm_mismatch) {
+  auto segment = comm::internal::ShmSegment::Create(
+      *RankStore("shm"), Rank(), WorldSize(), 64, kTimeout);
+  Check(segment != nullptr, "the segment was created");
+  comm::internal::ShmTransport shm(
+      std::move(segment), std::make_unique<RefusingTransport>(Rank(), WorldSize()));
+  const std::string how = args.at(0);
+  at::Tensor t = at::ones({4});
+  try {
+    if (Rank() == 0 || how == "none") {
+      shm.all_reduce(t, ReduceOp::kSum);
+    } else if (how == "size") {
+      at::Tensor u = at::ones({6});
+      shm.all_reduce(u, ReduceOp::kSum);
+    } else if (how == "empty") {
+      at::Tensor u = at::ones({0});
+      shm.all_reduce(u, ReduceOp::kSum);
+    } else if (how == "dtype") {
+      at::Tensor u = at::ones({4}, at::kDouble);
+      shm.all_reduce(u, ReduceOp::kSum);
+    } else if (how == "kind") {
+      shm.broadcast(t, 0);
+    }
+  } catch (const std::exception& e) {
+    std::printf("rank %d: %s\n", Rank(), e.what());
+    Check(std::string(e.what()).find("shared-memory collectives do not match") !=
+              std::string::npos,
+          std::string("the mismatch is named: ") + e.what());
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+  Check(t.equal(at::full({4}, 2.0)), "a matching all-reduce sums");
+}
+
+TEST(ShmTransport, MismatchedCollectivesFailOnEveryRank) {
+  auto ok = LaunchRanks(Ranks(2, "shm_mismatch", {"none"}));
+  EXPECT_TRUE(ok.ok()) << ok.Describe();
+  for (const char* how : {"size", "empty", "dtype", "kind"}) {
+    auto r = LaunchRanks(Ranks(2, "shm_mismatch", {how}));
+    ASSERT_EQ(r.ranks.size(), 2u);
+    for (const auto& rank : r.ranks) {
+      EXPECT_FALSE(rank.timed_out) << how << "\n" << r.Describe();
+      EXPECT_EQ(rank.exit_code, 3) << how << "\n" << r.Describe();
+      EXPECT_NE(rank.log.find("do not match"), std::string::npos)
+          << how << "\n" << r.Describe();
+    }
   }
 }
 

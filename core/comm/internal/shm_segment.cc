@@ -32,16 +32,26 @@ constexpr int kSpins = 128;
 // Sleep slice: how often a waiting rank checks the deadline and its peer.
 constexpr auto kSlice = std::chrono::milliseconds(50);
 
+// Each sync writes its signature into slot epoch % 2 of the rank's line: a
+// peer is at most one sync ahead, so it never overwrites the slot that the
+// others are still comparing.
+struct SignatureWords {
+  std::atomic<uint64_t> epoch;
+  std::atomic<uint64_t> kind_dtype;  // kind << 32 | (uint32_t) dtype
+  std::atomic<int64_t> numel;
+  std::atomic<int64_t> extra;
+};
 struct RankLine {
   std::atomic<uint32_t> seq;
   int32_t pid;
+  SignatureWords signature[2];
 };
-static_assert(sizeof(RankLine) <= kLine, "header line");
+static_assert(sizeof(RankLine) <= 2 * kLine, "header line");
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
               "futex words must be lock-free atomics");
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
-size_t HeaderBytes(int world) { return RoundUp(world * kLine, 4096); }
+size_t HeaderBytes(int world) { return RoundUp(world * 2 * kLine, 4096); }
 
 std::vector<uint8_t> Bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
@@ -80,10 +90,27 @@ bool ProcessExited(int32_t pid) {
 
 RankLine* Line(void* base, int rank) {
   return reinterpret_cast<RankLine*>(static_cast<uint8_t*>(base) +
-                                     rank * kLine);
+                                     rank * 2 * kLine);
+}
+
+uint64_t KindDtype(const CollectiveSignature& s) {
+  return (uint64_t{s.kind} << 32) | static_cast<uint32_t>(s.dtype);
 }
 
 }  // namespace
+
+std::string CollectiveSignature::ToString() const {
+  static const char* const kNames[] = {"barrier", "all-gather", "reduce-scatter",
+                                       "all-reduce sum", "all-reduce max",
+                                       "broadcast"};
+  std::string s = kind <= kBroadcast ? kNames[kind] : "collective " + std::to_string(kind);
+  if (kind == kBarrier) return s;
+  s += " of " + std::to_string(numel) + " ";
+  s += dtype >= 0 ? c10::toString(static_cast<at::ScalarType>(dtype)) : "?";
+  s += " elements per rank";
+  if (kind == kBroadcast) s += " from rank " + std::to_string(extra);
+  return s;
+}
 
 std::unique_ptr<ShmSegment> ShmSegment::Create(
     ::c10d::Store& store, int rank, int world, size_t slot_bytes,
@@ -162,9 +189,14 @@ at::Tensor ShmSegment::slot(int rank, int64_t offset, int64_t numel,
                        options.device(at::kCPU));
 }
 
-void ShmSegment::sync() {
+void ShmSegment::sync(const CollectiveSignature& signature) {
   ++epoch_;
   RankLine* me = Line(base_, rank_);
+  SignatureWords& mine = me->signature[epoch_ % 2];
+  mine.kind_dtype.store(KindDtype(signature), std::memory_order_relaxed);
+  mine.numel.store(signature.numel, std::memory_order_relaxed);
+  mine.extra.store(signature.extra, std::memory_order_relaxed);
+  mine.epoch.store(epoch_, std::memory_order_relaxed);
   me->seq.store(epoch_, std::memory_order_release);
   Futex(&me->seq, FUTEX_WAKE, INT32_MAX, nullptr);
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -196,6 +228,28 @@ void ShmSegment::sync() {
             " ms waiting for rank " + std::to_string(k) +
             " in a shared-memory collective");
       }
+    }
+  }
+  // Every rank has arrived: compare what they arrived for.
+  for (int k = 0; k < world_; ++k) {
+    if (k == rank_) continue;
+    const SignatureWords& theirs = Line(base_, k)->signature[epoch_ % 2];
+    CollectiveSignature other;
+    const uint64_t kind_dtype = theirs.kind_dtype.load(std::memory_order_relaxed);
+    other.kind = static_cast<CollectiveSignature::Kind>(kind_dtype >> 32);
+    other.dtype = static_cast<int32_t>(static_cast<uint32_t>(kind_dtype));
+    other.numel = theirs.numel.load(std::memory_order_relaxed);
+    other.extra = theirs.extra.load(std::memory_order_relaxed);
+    const bool same_sync =
+        theirs.epoch.load(std::memory_order_relaxed) == epoch_;
+    if (!same_sync || !(other == signature)) {
+      throw CommunicationError(
+          "shared-memory collectives do not match: rank " +
+          std::to_string(rank_) + " is in a " + signature.ToString() +
+          ", rank " + std::to_string(k) + " in a " +
+          (same_sync ? other.ToString() : "different step of a collective") +
+          "; every rank of a group must issue the same collectives in the "
+          "same order");
     }
   }
 }

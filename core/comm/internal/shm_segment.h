@@ -4,12 +4,19 @@
 // this host, and the barrier that orders their use of it. ShmTransport
 // moves collectives through it.
 //
-// The segment holds a header (one cache line per rank with its sequence
-// word and pid) and one slot of `slot_bytes` per rank. sync() is a barrier
+// The segment holds a header (two cache lines per rank with its sequence
+// word, pid and the signatures of its last syncs) and one slot of `slot_bytes` per rank. sync() is a barrier
 // over the sequence words: it spins briefly and then sleeps on a futex, so
 // ranks that outnumber the cores do not burn them. A rank that does not
 // arrive within the timeout, or whose process has exited, makes the waiting
 // ranks throw CommunicationError (TimeoutError) naming it.
+//
+// Every sync() names the collective it belongs to (CollectiveSignature):
+// after the barrier each rank compares every rank's signature for it, so
+// ranks that are in different collectives (a different kind, dtype or size:
+// ranks that issued different collectives, or the same ones in another
+// order) throw CommunicationError naming both, before any rank reads
+// another's slot, instead of mixing their buffers.
 //
 // Calls must come from one thread at a time, and every rank must sync the
 // same number of times. Internal to core/comm.
@@ -21,12 +28,34 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/comm/internal/c10d_compat.h"
 
 namespace fsdp2 {
 namespace comm {
 namespace internal {
+
+// What a sync() is part of. Ranks that sync together must agree on it.
+struct CollectiveSignature {
+  enum Kind : uint32_t {
+    kBarrier = 0,
+    kAllGather,
+    kReduceScatter,
+    kAllReduceSum,
+    kAllReduceMax,
+    kBroadcast,
+  };
+  Kind kind = kBarrier;
+  int32_t dtype = -1;  // at::ScalarType, -1: none
+  int64_t numel = 0;   // elements per rank
+  int64_t extra = 0;   // the broadcast root
+  bool operator==(const CollectiveSignature& o) const {
+    return kind == o.kind && dtype == o.dtype && numel == o.numel &&
+           extra == o.extra;
+  }
+  std::string ToString() const;
+};
 
 class ShmSegment {
  public:
@@ -53,7 +82,8 @@ class ShmSegment {
 
   // Barrier: returns once every rank has called sync() as often as this
   // one. Writes to the slots before it are visible to all ranks after it.
-  void sync();
+  // Throws CommunicationError if another rank's `signature` differs.
+  void sync(const CollectiveSignature& signature = CollectiveSignature());
 
  private:
   ShmSegment(int rank, int world, size_t slot_bytes, void* base,

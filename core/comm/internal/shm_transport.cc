@@ -14,6 +14,17 @@ bool Is16BitFloat(at::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16;
 }
 
+CollectiveSignature Signature(CollectiveSignature::Kind kind,
+                              const at::Tensor& t, int64_t numel,
+                              int64_t extra = 0) {
+  CollectiveSignature s;
+  s.kind = kind;
+  s.dtype = static_cast<int32_t>(t.scalar_type());
+  s.numel = numel;
+  s.extra = extra;
+  return s;
+}
+
 }  // namespace
 
 ShmTransport::ShmTransport(std::unique_ptr<ShmSegment> segment,
@@ -22,13 +33,15 @@ ShmTransport::ShmTransport(std::unique_ptr<ShmSegment> segment,
       segment_(std::move(segment)),
       fallback_(std::move(fallback)) {}
 
-void ShmTransport::in_segments(int64_t numel, int64_t segment,
+void ShmTransport::in_segments(const CollectiveSignature& signature,
+                               int64_t numel, int64_t segment,
                                std::initializer_list<Phase> phases) {
+  if (numel == 0) segment_->sync(signature);  // nothing to move, still checked
   for (int64_t start = 0; start < numel; start += segment) {
     const int64_t len = std::min(segment, numel - start);
     for (const Phase& phase : phases) {
       phase(start, len);
-      segment_->sync();
+      segment_->sync(signature);
     }
   }
 }
@@ -85,7 +98,8 @@ void ShmTransport::all_gather_pieces(const at::Tensor& buffer_in,
     return buffer.narrow(0, world_size * p.offset + r * p.numel + from, n);
   };
   in_segments(
-      per_rank, slot_elements(buffer.element_size()),
+      Signature(CollectiveSignature::kAllGather, buffer, per_rank), per_rank,
+      slot_elements(buffer.element_size()),
       {[&](int64_t start, int64_t len) {  // this rank's parts into its slot
          fragments(start, len,
                    [&](const Piece& p, int64_t from, int64_t at, int64_t n) {
@@ -117,7 +131,7 @@ void ShmTransport::reduce_scatter_flat(const at::Tensor& output_in,
   TORCH_CHECK(segment > 0, "shared-memory slot too small");
   const auto options = input.options();
   in_segments(
-      n, segment,
+      Signature(CollectiveSignature::kReduceScatter, input, n), n, segment,
       {[&](int64_t start, int64_t len) {  // every chunk's stretch
          for (int k = 0; k < world(); ++k) {
            segment_->slot(rank(), k * len, len, options)
@@ -140,6 +154,9 @@ void ShmTransport::all_reduce(const at::Tensor& tensor_in, ReduceOp op) {
     return std::make_pair(lo, std::min(len, lo + part) - lo);
   };
   in_segments(
+      Signature(op == ReduceOp::kSum ? CollectiveSignature::kAllReduceSum
+                                     : CollectiveSignature::kAllReduceMax,
+                tensor, tensor.numel()),
       tensor.numel(), slot_elements(tensor.element_size()),
       {[&](int64_t start, int64_t len) {  // the segment into this rank's slot
          segment_->slot(rank(), 0, len, options)
@@ -168,7 +185,8 @@ void ShmTransport::broadcast(const at::Tensor& tensor_in, int root) {
   if (!tensor_in.is_cpu()) return fallback_->broadcast(tensor_in, root);
   const at::Tensor tensor = tensor_in.view(-1);
   const auto options = tensor.options();
-  in_segments(tensor.numel(), slot_elements(tensor.element_size()),
+  in_segments(Signature(CollectiveSignature::kBroadcast, tensor, tensor.numel(), root),
+              tensor.numel(), slot_elements(tensor.element_size()),
               {[&](int64_t start, int64_t len) {  // the root writes
                  if (rank() == root) {
                    segment_->slot(root, 0, len, options)

@@ -56,8 +56,10 @@ class ShmTransport final : public Transport {
   using Phase = std::function<void(int64_t start, int64_t len)>;
   // Moves `numel` elements through the slots, `segment` elements at a time,
   // running `phases` in turn on each segment with a barrier after each.
-  void in_segments(int64_t numel, int64_t segment,
-                   std::initializer_list<Phase> phases);
+  // The barriers carry `signature` (the ranks check that they are in the
+  // same collective); with no elements there is still one barrier.
+  void in_segments(const CollectiveSignature& signature, int64_t numel,
+                   int64_t segment, std::initializer_list<Phase> phases);
   // Every rank's slot elements [offset, offset + out.numel()) combined by
   // `op` in rank order (16-bit floats in fp32) into `out`, which must not
   // alias the slots.
