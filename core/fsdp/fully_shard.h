@@ -33,6 +33,20 @@
 // A module marked with checkpoint_module() (activation_checkpoint.h) is
 // recomputed in backward instead of keeping its activations.
 //
+// Sharded modules that run on only some ranks (an expert that gets no rows
+// on a rank, an early exit, a data-dependent branch, an output that reaches
+// the loss on some ranks only) train as one process would on the global
+// batch: every rank issues the same collectives in the same order, in the
+// order of the module tree, whatever it calls; a parameter gets a gradient
+// when some rank's loss reached it, and none (.grad as it was) when no
+// rank's did. A regular model (every rank calls every sharded module, in
+// the order they are registered) pays nothing for this. Where ranks skip
+// modules, each skipped module costs its all-gather(s) and a reduction of
+// zeros on the ranks that skip it. A sharded module called a second time in
+// one forward, or after a module registered after it, all-gathers where it
+// is called: every rank must then make that call at the same point.
+// Every rank's loss must depend on the root module's output.
+//
 // Thread-safety: one training thread per process. The backward pass must be
 // run with Tensor::backward() / torch::autograd::backward (not
 // torch::autograd::grad) and without retain_graph.

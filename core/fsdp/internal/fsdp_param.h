@@ -17,9 +17,10 @@
 //    parameter occupies [world * flat_offset, world * (flat_offset +
 //    shard_numel)), its ranks' chunks in rank order, i.e. all its padded rows
 //    in order; its first `rows` rows are the full parameter.
-//  - the reduce-scatter input is rank-major, [world, flat]: row r is what
-//    rank r receives, this parameter at columns
-//    [flat_offset, flat_offset + shard_numel).
+//  - the reduce-scatter input is rank-major, [world, flat + flags]: row r
+//    is what rank r receives, this parameter at columns
+//    [flat_offset, flat_offset + shard_numel), the unit's contribution
+//    flags after the flat shard (fsdp_collectives.h).
 //
 // Internal to core/fsdp. Not thread-safe: the training thread owns it.
 #ifndef FSDP2_CORE_FSDP_INTERNAL_FSDP_PARAM_H_

@@ -163,9 +163,12 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
   flat_numel_ = offset;
   if (!alias_shards_) {
     // From the engine's pool: re-allocating its storage at each unshard
-    // then reuses the buffer freed at the last reshard.
-    unsharded_ = internal::BufferPool::Get().empty({shard_world_ * flat_numel_},
-                                                   compute_options_);
+    // then reuses the buffer freed at the last reshard. As large as the
+    // reduction input (its contribution flags included, the tail unused
+    // here), so that either one's freed buffer serves the other.
+    const int64_t flags = static_cast<int64_t>(params_.size());
+    unsharded_ = internal::BufferPool::Get().empty(
+        {shard_world_ * (flat_numel_ + flags)}, compute_options_);
     internal::FreeStorage(unsharded_);
   }
 }

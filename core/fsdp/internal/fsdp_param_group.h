@@ -133,7 +133,9 @@ class FSDPParamGroup {
   bool deferred_ = false;
 
   State state_ = State::kSharded;
-  at::Tensor unsharded_;  // [world * flat_numel_], storage freed when sharded
+  // [world * (flat_numel_ + params)]: the parameters in the first world *
+  // flat_numel_ elements; storage freed when sharded.
+  at::Tensor unsharded_;
   comm::CommHandle unshard_done_;
 
   std::vector<at::Tensor> no_sync_grads_;  // unsharded, reduce dtype
