@@ -195,16 +195,22 @@ def test_scripted_models_train_to_pytorchs_losses(made, world):
             check_losses(result["losses"], made[name], f"{name} {how} on {world} ranks")
 
 
-# Units that run on only some ranks need the engine change of another
-# branch: until it is merged, moe on 2+ ranks under FULL_SHARD fails.
+# Units that run on only some ranks need an engine change of another
+# branch. Until it is merged: on 1 rank the expert idle at step 2 is still
+# stepped by AdamW (PyTorch skips a parameter without a gradient), so step
+# 3's loss differs; on 2-4 ranks a rank waits in a collective that the
+# others never join (the strategy's timeout ends it).
+@pytest.mark.xfail(strict=True, reason="units that run on only some ranks: the engine change "
+                   "is on another branch (idle experts are stepped; ranks wait for each other)")
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_experts_skipped_on_some_ranks_train_to_pytorchs_losses(made, world):
     """moe: each rank calls only the experts its rows route to (some rank
     never calls expert 2 or 3; at step 2 no rank calls expert 3)."""
-    runs = [run(made["moe"])]
+    quick = {"timeout_ms": 20000}  # a collective nobody else joins fails in 20 s
+    runs = [run(made["moe"], quick)]
     if world == 2:
-        runs += [run(made["moe"], options) for options in STRATEGIES_ON_TWO]
-    for rank in launch(world, runs, timeout=120):
+        runs += [run(made["moe"], dict(quick, **options)) for options in STRATEGIES_ON_TWO]
+    for rank in launch(world, runs, timeout=150):
         for result, spec in zip(rank, runs):
             check_losses(result["losses"], made["moe"],
                          f"moe {spec['options'] or 'full_shard'} on {world} ranks")
@@ -235,11 +241,16 @@ def test_a_bad_auto_wrap_entry_names_the_scripts_classes(made):
     with pytest.raises(fsdp2.InvalidArgumentError) as e:
         fsdp2.Model.from_torchscript(path, loss="cross_entropy", auto_wrap=["Blok"])
     message = str(e.value)
-    assert "Blok" in message
-    for cls in ("Block", "Attention", "GPT"):  # the classes the script has
-        assert cls in message, message
+    # The classes (and ModuleLists) the script has, the root excepted.
+    for text in ('"Blok"', "Attention, Block", "torch.nn.modules.linear.Linear",
+                 "ModuleLists: blocks"):
+        assert text in message, message
     with pytest.raises(fsdp2.InvalidArgumentError, match="blocks.7"):
         fsdp2.Model.from_torchscript(path, loss="cross_entropy", auto_wrap=["blocks.7"])
+    # The LM head shares the embedding's weight: they stay in one unit.
+    with pytest.raises(fsdp2.InvalidArgumentError,
+                       match="shares the parameter wte.weight with head.weight"):
+        fsdp2.Model.from_torchscript(path, loss="cross_entropy", auto_wrap=["head"])
     with pytest.raises(TypeError, match="not a string"):
         fsdp2.Model.from_torchscript(path, auto_wrap="Block")
 
