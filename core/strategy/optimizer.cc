@@ -6,6 +6,7 @@
 #include <torch/optim/sgd.h>
 
 #include <stdexcept>
+#include <unordered_set>
 
 namespace fsdp2 {
 namespace strategy {
@@ -28,7 +29,15 @@ const char* ToString(OptimizerKind kind) {
 }
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
-    const std::vector<at::Tensor>& params, const OptimizerOptions& o) {
+    const std::vector<at::Tensor>& all_params, const OptimizerOptions& o) {
+  // A tensor registered in several modules (tied weights) is listed once
+  // per place by torch::nn::Module::parameters(); stepping it once per
+  // place would update it several times.
+  std::vector<at::Tensor> params;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const at::Tensor& p : all_params) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+  }
   switch (o.kind) {
     case OptimizerKind::kAdamW:
       return std::make_unique<torch::optim::AdamW>(

@@ -33,7 +33,9 @@ struct OptimizerOptions {
 };
 
 // A new optimizer of `options.kind` over `params` (for a sharded module,
-// its local shards). Throws std::invalid_argument for an unknown kind.
+// its local shards), each distinct tensor once (tied weights appear once
+// per module that registers them). Throws std::invalid_argument for an
+// unknown kind.
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
     const std::vector<at::Tensor>& params, const OptimizerOptions& options);
 

@@ -225,9 +225,10 @@ def make(name, out_dir, steps):
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     losses = []
     for batch in data:
-        # As LibTorch's optimizers: a parameter that got no gradient this
-        # step is skipped, not decayed.
-        opt.zero_grad(set_to_none=True)
+        # Gradients zeroed in place, as LibTorch's zero_grad() (and PyTorch
+        # 1.13's default) does: a parameter that got no gradient this step
+        # (expert 3 at step 2) still takes an AdamW step with a zero one.
+        opt.zero_grad(set_to_none=False)
         value = loss_of(model, loss, batch)
         value.backward()
         opt.step()
