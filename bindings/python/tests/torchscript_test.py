@@ -196,13 +196,13 @@ def test_scripted_models_train_to_pytorchs_losses(made, world):
 
 
 # Units that run on only some ranks need an engine change of another
-# branch. Until it is merged: on 1 rank the expert idle at step 2 is still
-# stepped by AdamW (PyTorch skips a parameter without a gradient), so step
-# 3's loss differs; on 2-4 ranks a rank waits in a collective that the
-# others never join (the strategy's timeout ends it).
-@pytest.mark.xfail(strict=True, reason="units that run on only some ranks: the engine change "
-                   "is on another branch (idle experts are stepped; ranks wait for each other)")
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+# branch. Until it is merged, on 2-4 ranks a rank waits in a collective that
+# the others never join (the strategy's timeout ends it).
+SOME_RANKS = pytest.mark.xfail(strict=True, reason="units that run on only some ranks: the "
+                               "engine change is on another branch (ranks wait for each other)")
+
+
+@pytest.mark.parametrize("world", [1] + [pytest.param(w, marks=SOME_RANKS) for w in (2, 3, 4)])
 def test_experts_skipped_on_some_ranks_train_to_pytorchs_losses(made, world):
     """moe: each rank calls only the experts its rows route to (some rank
     never calls expert 2 or 3; at step 2 no rank calls expert 3)."""
@@ -332,9 +332,11 @@ def test_full_shard_gathers_at_most_two_blocks_and_the_root(made):
         check_losses(result["losses"], made["gpt"], "gpt with memory stats")
         sizes = {name: int(np.prod(shape)) * 4 for name, shape in result["params"]}
         block = sum(b for name, b in sizes.items() if name.startswith("blocks.0."))
-        root = sum(b for name, b in sizes.items() if not name.startswith("blocks."))
-        total = sum(sizes.values())
-        assert block > 0 and root > 0 and total == root + 3 * block
+        # The head's weight is the embedding's tensor (named twice, held once).
+        root = sum(b for name, b in sizes.items()
+                   if not name.startswith("blocks.")) - sizes["head.weight"]
+        total = root + 3 * block
+        assert block > 0 and root > 0 and sizes["head.weight"] == sizes["wte.weight"]
         stats = result["memory"]
         assert stats["total_param_bytes"] == total
         peak = stats["peak_unsharded_param_bytes"]
