@@ -63,7 +63,8 @@ def reference(model_dir):
 def run(model_dir, options=None, auto_wrap=None, steps=STEPS, save=None, predict=False):
     """One training run of a worker: the model in `model_dir` under the
     strategy `options`, optionally saving a full checkpoint to `save` and
-    predicting on step 0's inputs."""
+    predicting on step 0's inputs. Every run reports its parameters' names
+    and shapes and its memory_stats() after the last step."""
     return dict(dir=str(model_dir), options=options or {}, auto_wrap=auto_wrap, steps=steps,
                 save=save, predict=predict)
 
@@ -105,10 +106,9 @@ def train_one(spec, store):
         if spec["predict"]:
             inputs = [batches[f"s0.{i}"] for i in range(ref["inputs"])]
             result["predict"] = s.predict_step(inputs).tolist()
-        if spec.get("memory"):
-            infos = s._parameter_infos()
-            result["params"] = [[name, [int(d) for d in shape]] for name, _, shape in infos]
-            result["memory"] = s.memory_stats()
+        infos = s._parameter_infos()
+        result["params"] = [[name, [int(d) for d in shape]] for name, _, shape in infos]
+        result["memory"] = s.memory_stats()
         result["rank"] = s.rank
     return result
 
@@ -193,6 +193,13 @@ def test_scripted_models_train_to_pytorchs_losses(made, world):
     for rank in ranks:
         for result, (name, how) in zip(rank, what):
             check_losses(result["losses"], made[name], f"{name} {how} on {world} ranks")
+            # The strategy took effect: FULL_SHARD and SHARD_GRAD_OP split the
+            # parameters over the ranks; NO_SHARD and 1-rank shard groups
+            # keep all of them on every rank.
+            stats = result["memory"]
+            whole = world == 1 or how.startswith(("no_shard", "hybrid_shard"))
+            assert (stats["sharded_param_bytes"] == stats["total_param_bytes"]) == whole, \
+                (name, how, stats)
 
 
 # Units that run on only some ranks need an engine change of another
@@ -325,9 +332,7 @@ def test_full_shard_gathers_at_most_two_blocks_and_the_root(made):
     """2 ranks, FULL_SHARD, the scripted GPT (3 blocks): the full-size
     parameters alive at once never exceed two blocks (the one computing and
     the one prefetched) plus the root's own parameters."""
-    spec = run(made["gpt"])
-    spec["memory"] = True
-    for rank in launch(2, [spec]):
+    for rank in launch(2, [run(made["gpt"])]):
         result = rank[0]
         check_losses(result["losses"], made["gpt"], "gpt with memory stats")
         sizes = {name: int(np.prod(shape)) * 4 for name, shape in result["params"]}
