@@ -130,7 +130,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=8, help="rows per rank")
     parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--n-layer", type=int, default=2)
+    parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=64)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)

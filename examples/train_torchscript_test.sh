@@ -2,12 +2,13 @@
 # The TorchScript example (examples/train_torchscript.py): PyTorch scripts the
 # model in a process of its own, fsdp2 trains the file on 2 local ranks; the
 # loss falls, every rank prints its memory_stats() with half the model's
-# parameters, and 1 rank on the same global batch prints the same losses.
+# parameters and never all of them gathered at once (3 blocks: at most two
+# and the root), and 1 rank on the same global batch prints the same losses.
 # A rank started by a launcher without --model stops with one line.
 set -uo pipefail
 example="$1"
 tmp="${TEST_TMPDIR:-/tmp}"
-common=(--steps 8 --n-layer 2 --n-embd 32 --n-head 2 --block-size 32)
+common=(--steps 8 --n-layer 3 --n-embd 32 --n-head 2 --block-size 32)
 two=$(timeout 300 "$example" --nproc 2 --batch-size 4 "${common[@]}" 2>&1) || {
   echo "FAIL: --nproc 2 exited non-zero"; echo "$two"; exit 1; }
 echo "$two"
@@ -23,9 +24,11 @@ for r in 0 1; do
   line=$(grep "rank $r: memory_stats: sharded params" <<<"$two") || {
     echo "FAIL: rank $r printed no memory_stats"; exit 1; }
   # FULL_SHARD on 2 ranks: each holds about half of the parameters.
-  awk '{ for (i = 1; i <= NF; ++i) if ($i == "params" && $(i+3) == "of") { s = $(i+1); t = $(i+4) } }
-       END { exit !(s > 0.4 * t && s < 0.6 * t) }' <<<"$line" || {
-    echo "FAIL: rank $r does not hold half of the parameters: $line"; exit 1; }
+  awk '{ for (i = 1; i <= NF; ++i) {
+           if ($i == "sharded" && $(i+4) == "of") { s = $(i+2); t = $(i+5) }
+           if ($i == "unsharded") p = $(i+2) } }
+       END { exit !(s > 0.4 * t && s < 0.6 * t && p > 0 && p < 0.9 * t) }' <<<"$line" || {
+    echo "FAIL: rank $r should hold half of the parameters and gather less than all: $line"; exit 1; }
 done
 one=$(timeout 300 "$example" --nproc 1 --batch-size 8 "${common[@]}" 2>&1) || {
   echo "FAIL: --nproc 1 exited non-zero"; echo "$one"; exit 1; }
