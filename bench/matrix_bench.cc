@@ -282,7 +282,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   }
   if (!want_python) {
     std::printf("\nPyTorch DDP: skipped (python3 cannot import torch; bash "
-                "scripts/setup.sh --with-python-torch)\n");
+                "scripts/setup.sh)\n");
   } else {
     std::printf("\nPyTorch: torch %s, gloo, bench/python_ddp_gpt.py, its own allocator\n",
                 torch_version.c_str());

@@ -218,7 +218,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
 
   if (!want_python) {
     std::printf("\nPython DDP: skipped (python3 cannot import torch; "
-                "bash scripts/setup.sh --with-python-torch, or --python-ddp 0 "
+                "bash scripts/setup.sh, or --python-ddp 0 "
                 "to silence)\n");
   } else {
     std::printf("\nPyTorch's own DDP (torch %s, gloo, bench/python_ddp_gpt.py), "

@@ -13,6 +13,7 @@
 // Each rank takes its rows of PyTorch's global batch. Ranks are processes
 // of this binary (--worker), meeting through a FileStore; every launch has
 // a timeout.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -67,8 +68,14 @@ fsdp2_tensor_t View(const at::Tensor& t) {
 // reference's loss unless it names one); rank
 // 0 writes {"losses": [...], "peak_unsharded": bytes, "total": bytes}.
 int Worker(const std::string& dir, const std::string& strategy_json,
-           const std::string& model_json, const std::string& out_path) {
+           const std::string& model_json, const std::string& step_json,
+           const std::string& out_path) {
   const nlohmann::json ref = ReadJson(dir + "/reference.json");
+  const nlohmann::json step_options = nlohmann::json::parse(step_json);
+  fsdp2_step_options_t so_step;
+  fsdp2_step_options_init(&so_step);
+  so_step.accumulate_grad_batches = step_options.value("accumulate", 1);
+  so_step.gradient_clip_val = step_options.value("clip", 0.0);
   fsdp2_strategy_options_t so;
   fsdp2_strategy_options_init(&so);
   Check(fsdp2_strategy_options_from_json(strategy_json.c_str(), &so));
@@ -100,6 +107,7 @@ int Worker(const std::string& dir, const std::string& strategy_json,
   const int steps = ref["steps"].get<int>(), tensors = ref["tensors"].get<int>();
   nlohmann::json result;
   result["losses"] = nlohmann::json::array();
+  result["grad_norms"] = nlohmann::json::array();
   for (int step = 0; step < steps; ++step) {
     std::vector<at::Tensor> mine;
     std::vector<fsdp2_tensor_t> views;
@@ -111,8 +119,9 @@ int Worker(const std::string& dir, const std::string& strategy_json,
     }
     fsdp2_step_result_t r;
     Check(fsdp2_strategy_training_step(strategy.get(), views.data(),
-                                       static_cast<int64_t>(views.size()), step, nullptr, &r));
+                                       static_cast<int64_t>(views.size()), step, &so_step, &r));
     result["losses"].push_back(r.loss);
+    result["grad_norms"].push_back(r.grad_norm);
   }
   fsdp2_memory_stats_t stats;
   fsdp2_memory_stats_init(&stats);
@@ -124,7 +133,8 @@ int Worker(const std::string& dir, const std::string& strategy_json,
 }
 
 nlohmann::json RunRanks(int world, const std::string& dir, const std::string& strategy_json,
-                        const std::string& model_json = "{}") {
+                        const std::string& model_json = "{}",
+                        const std::string& step_json = "{}") {
   static int run = 0;
   const std::string out = TmpDir() + "/run_" + std::to_string(run++);
   const std::string store = out + "_store";
@@ -137,7 +147,8 @@ nlohmann::json RunRanks(int world, const std::string& dir, const std::string& st
       setenv("FSDP2_STORE_PATH", store.c_str(), 1);
       setenv("OMP_NUM_THREADS", "1", 1);
       execl("/proc/self/exe", "script_units_test", "--worker", dir.c_str(),
-            strategy_json.c_str(), model_json.c_str(), out.c_str(), static_cast<char*>(nullptr));
+            strategy_json.c_str(), model_json.c_str(), step_json.c_str(), out.c_str(),
+            static_cast<char*>(nullptr));
       _exit(127);
     }
     pids.push_back(pid);
@@ -245,12 +256,90 @@ TEST(ScriptUnits, CheckpointedBlocksChangeNothing) {
   }
 }
 
+// Gradient accumulation (2 micro-batches per rank) and clipping across
+// shards, and bf16 mixed precision, work for script units as for C++ ones:
+// N ranks equal one process doing the same.
+TEST(ScriptUnits, AccumulationClippingAndBf16MatchOneProcess) {
+  for (const char* model : {"gpt", "masked"}) {
+    const std::string dir = Make(model);
+    const std::string step = R"({"accumulate": 2, "clip": 0.5})";
+    const std::string fp32 = R"({"precision": "fp32"})";
+    const auto one = RunRanks(1, dir, fp32, "{}", step);
+    ASSERT_EQ(one["losses"].size(), 4u) << model;
+    for (int world : {2, 3}) {
+      const auto n = RunRanks(world, dir, fp32, "{}", step);
+      ASSERT_EQ(n["losses"].size(), 4u) << model << " N=" << world;
+      for (size_t i = 0; i < 4; ++i) {
+        const double loss = one["losses"][i].get<double>(), norm = one["grad_norms"][i];
+        EXPECT_NEAR(n["losses"][i].get<double>(), loss, 1e-5 * loss) << model << " step " << i;
+        EXPECT_NEAR(n["grad_norms"][i].get<double>(), norm, 1e-5 * norm)
+            << model << " step " << i << " N=" << world;
+      }
+    }
+    const std::string bf16 = R"({"precision": "bf16"})";
+    const auto b1 = RunRanks(1, dir, bf16), b2 = RunRanks(2, dir, bf16);
+    const auto want = ReadJson(dir + "/reference.json")["losses"];
+    ASSERT_EQ(b2["losses"].size(), 4u) << model;
+    for (size_t i = 0; i < 4; ++i) {
+      const double loss = b1["losses"][i].get<double>();
+      EXPECT_NEAR(b2["losses"][i].get<double>(), loss, 2e-2 * loss) << model << " bf16 " << i;
+      EXPECT_NEAR(loss, want[i].get<double>(), 5e-2 * loss) << model << " bf16 vs fp32 " << i;
+    }
+  }
+}
+
+// Bad input is a clear error before any collective, nothing half-applied.
+TEST(ScriptUnits, BadPoliciesBatchesAndLossesAreClearErrors) {
+  const std::string model = Make("masked") + "/model.pt";
+  fsdp2_model_t* m = nullptr;
+  EXPECT_EQ(fsdp2_model_load_torchscript_with_options(
+                model.c_str(), R"({"auto_wrap": ["Blok"]})", &m),
+            FSDP2_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fsdp2_last_error()).find("Residual"), std::string::npos)
+      << fsdp2_last_error();
+  EXPECT_EQ(m, nullptr);
+  EXPECT_EQ(fsdp2_model_load_torchscript_with_options(model.c_str(), R"({"los": "mse"})", &m),
+            FSDP2_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(fsdp2_model_load_torchscript_with_options(model.c_str(), R"({"loss": "l1"})", &m),
+            FSDP2_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(fsdp2_model_load_torchscript_with_options(model.c_str(), R"({"auto_wrap": "x"})", &m),
+            FSDP2_ERROR_INVALID_ARGUMENT);
+
+  setenv("FSDP2_STORE_PATH", (TmpDir() + "/errors_store").c_str(), 1);
+  fsdp2_strategy_options_t so;
+  fsdp2_strategy_options_init(&so);
+  Check(fsdp2_strategy_options_from_json(R"({"precision": "fp32"})", &so));
+  fsdp2_strategy_t* raw = nullptr;
+  Check(fsdp2_strategy_create(&so, &raw));
+  fsdp2_c::StrategyPtr strategy(raw);
+  Check(fsdp2_strategy_setup_environment(strategy.get()));
+  Check(fsdp2_model_load_torchscript_with_options(model.c_str(), R"({"loss": "model"})", &m));
+  fsdp2_c::ModelPtr owned(m);
+  Check(fsdp2_strategy_connect(strategy.get(), m, nullptr));
+  Check(fsdp2_strategy_parallelize(strategy.get()));
+  const at::Tensor x = at::randn({4, 6}, at::kFloat);
+  const at::Tensor mask = at::ones({4}, at::kFloat);
+  fsdp2_tensor_t one[1] = {View(x)};
+  fsdp2_step_result_t r;
+  // forward(x, mask) given only x.
+  EXPECT_EQ(fsdp2_strategy_training_step(strategy.get(), one, 1, 0, nullptr, &r),
+            FSDP2_ERROR_SHAPE);
+  EXPECT_NE(std::string(fsdp2_last_error()).find("forward(x, mask) takes 2"), std::string::npos)
+      << fsdp2_last_error();
+  // "loss": "model" but the forward returns [B, 3].
+  fsdp2_tensor_t two[2] = {View(x), View(mask)};
+  EXPECT_EQ(fsdp2_strategy_training_step(strategy.get(), two, 2, 0, nullptr, &r),
+            FSDP2_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fsdp2_last_error()).find("must return the loss"), std::string::npos)
+      << fsdp2_last_error();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 6 && std::string(argv[1]) == "--worker") {
+  if (argc == 7 && std::string(argv[1]) == "--worker") {
     try {
-      return Worker(argv[2], argv[3], argv[4], argv[5]);
+      return Worker(argv[2], argv[3], argv[4], argv[5], argv[6]);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "worker: %s\n", e.what());
       return 1;

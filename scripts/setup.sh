@@ -28,11 +28,11 @@ PACKAGES=(
   libtcmalloc-minimal4
 )
 
-# --with-python-torch: also Debian's python3-torch, which only
-# `bazel run //bench:train` uses (PyTorch's own DDP on the same model).
-if [[ "${1:-}" == "--with-python-torch" ]]; then
-  PACKAGES+=(python3-torch)
-fi
+# PyTorch (Debian's python3-torch) is the tests' reference: models are
+# written in PyTorch, scripted and trained by it at test time, and the
+# benchmarks run PyTorch's own DDP beside the engine. (--with-python-torch,
+# which used to add it, is still accepted.)
+PACKAGES+=(python3-torch)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -254,7 +254,7 @@ def test_torchscript_errors_name_the_file_and_the_loss(tmp_path):
     not_zip.write_text("not a TorchScript archive")
     with pytest.raises(fsdp2.FileError, match="cannot load TorchScript file .*net.txt"):
         fsdp2.Model.from_torchscript(str(not_zip))
-    with pytest.raises(fsdp2.InvalidArgumentError, match='"mse" or "cross_entropy", got "hinge"'):
+    with pytest.raises(fsdp2.InvalidArgumentError, match='"mse", "cross_entropy" or "model", got "hinge"'):
         fsdp2.Model.from_torchscript(not_zip, loss="hinge")
 
 

@@ -89,9 +89,10 @@ IValue Skeleton(const IValue& v) {
   return Rebuild(v, none, i);
 }
 
-IValue Forward(const torch::jit::Module& module, const IValue& packed_args) {
-  return const_cast<torch::jit::Module&>(module).forward(
-      packed_args.toTupleRef().elements().vec());
+// `module.forward(*packed_args)`. A jit::Module is a handle: the copy runs
+// the same object.
+IValue Forward(torch::jit::Module module, const IValue& packed_args) {
+  return module.forward(packed_args.toTupleRef().elements().vec());
 }
 
 // ---- the operator
