@@ -364,8 +364,12 @@ static int WorkerMemory(int argc, char** argv) {
          "after a reset: peak unsharded %lld, now %lld, before %lld",
          (long long)reset.peak_unsharded_param_bytes, (long long)reset.unsharded_param_bytes,
          (long long)trained.peak_unsharded_param_bytes);
-  EXPECT(reset.peak_rss_bytes <= trained.peak_rss_bytes, "peak rss grew on reset: %lld -> %lld",
-         (long long)trained.peak_rss_bytes, (long long)reset.peak_rss_bytes);
+  /* The RSS peak restarts from the RSS at the reset, which may have grown by
+   * a little since `trained` was read (measured: 40 KiB under ASan). */
+  EXPECT(reset.peak_rss_bytes <= trained.peak_rss_bytes + (1 << 20) &&
+             reset.peak_rss_bytes >= reset.rss_bytes,
+         "peak rss on reset: %lld -> %lld (rss now %lld)", (long long)trained.peak_rss_bytes,
+         (long long)reset.peak_rss_bytes, (long long)reset.rss_bytes);
   TrainStep(s, 2, 1, 0.0);
   EXPECT(MemoryStats(s).peak_unsharded_param_bytes == trained.peak_unsharded_param_bytes,
          "a step after the reset reached another peak");
