@@ -9,7 +9,8 @@
 //    relative, float32 within 1e-6), with dropout too, and equals
 //    single-process training; every unit all-gathers and reduces exactly as
 //    often as without it (the recomputation reuses the pre-backward
-//    all-gather);
+//    all-gather); while a unit recomputes, no other unit is unsharded and
+//    the engine's pool keeps no idle buffer (issue #14);
 //  - FSDP2Strategy: the policy picks the blocks (full, selective) or the
 //    only unit, tensor-parallel blocks recompute with their collectives;
 //  - bad policies and unsupported nesting are clear errors.
@@ -19,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <atomic>
 #include <mutex>
@@ -469,6 +471,101 @@ TEST(Fsdp, ErrorsOnOneAndTwoRanks) {
     LaunchResult r = LaunchScenario("ac_errors", n, {}, std::chrono::seconds(120));
     EXPECT_TRUE(r.ok()) << r.Describe();
   }
+}
+
+// ------------------------------------------ what a checkpointed backward holds
+
+// Units large enough for the engine's buffer pool (1 MiB and more).
+struct PoolLayerImpl : torch::nn::Module {
+  PoolLayerImpl() { fc = register_module("fc", torch::nn::Linear(512, 512)); }
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Linear fc{nullptr};
+  // Filled during the recomputation (the forward with gradients enabled):
+  // this unit's and the other units' unsharded bytes, the pool's idle bytes.
+  int64_t own_unsharded = -1, others_unsharded = -1, pool_kept = -1;
+};
+TORCH_MODULE(PoolLayer);
+
+struct PoolNetImpl : torch::nn::Module {
+  PoolNetImpl() {
+    for (int i = 0; i < 3; ++i) {
+      layers.push_back(register_module("layer" + std::to_string(i), PoolLayer()));
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& layer : layers) x = fsdp::forward(layer, x);
+    return x;
+  }
+  std::vector<PoolLayer> layers;
+};
+TORCH_MODULE(PoolNet);
+
+PoolNetImpl* g_pool_net = nullptr;
+
+at::Tensor PoolLayerImpl::forward(const at::Tensor& x) {
+  if (at::GradMode::is_enabled() && g_pool_net != nullptr) {  // recomputing
+    own_unsharded = fsdp::memory_stats(*this).unsharded_param_bytes;
+    others_unsharded = -own_unsharded;
+    for (auto& layer : g_pool_net->layers) {
+      others_unsharded += fsdp::memory_stats(*layer).unsharded_param_bytes;
+    }
+    pool_kept = fsdp::buffer_pool_stats().kept_bytes;
+  }
+  return torch::tanh(fc->forward(x));
+}
+
+// args: none. FULL_SHARD, every layer checkpointed: while a unit recomputes,
+// the pool keeps no idle buffer of its own making and no other unit is unsharded (the next
+// unit's prefetch waits for the end of the recomputation); training still
+// matches training without checkpointing.
+FSDP2_SCENARIO(ac_backward_buffers) {
+  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  std::vector<double> losses[2];
+  for (int ac : {0, 1}) {
+    torch::manual_seed(3);
+    PoolNet net;
+    net->to(at::kDouble);
+    for (auto& layer : net->layers) fsdp::fully_shard(layer, DataParallelOptions(world));
+    fsdp::fully_shard(net, DataParallelOptions(world));
+    if (ac) fsdp::apply_activation_checkpointing(*net, ActivationCheckpointing::Full());
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto gen = at::detail::createCPUGenerator(20 + world->rank());
+    for (int step = 0; step < 3; ++step) {
+      at::Tensor x = at::randn({4, 512}, gen, at::kDouble);
+      sgd.zero_grad();
+      at::Tensor loss = fsdp::forward(net, x).pow(2).mean();
+      g_pool_net = net.get();
+      loss.backward();
+      g_pool_net = nullptr;
+      sgd.step();
+      losses[ac].push_back(loss.item<double>());
+      if (!ac || step == 0) continue;  // the pool is warm from step 1 on
+      for (size_t i = 0; i < net->layers.size(); ++i) {
+        const auto& layer = *net->layers[i];
+        const std::string which = "step " + std::to_string(step) + " layer " + std::to_string(i);
+        Check(layer.own_unsharded > 0, which + " is unsharded while it recomputes");
+        Check(layer.others_unsharded == 0,
+              which + ": another unit is unsharded while it recomputes (" +
+                  std::to_string(layer.others_unsharded) + " bytes)");
+        // The first unit in backward has no reduction in flight before it;
+        // the others may see the reduction input of the unit before them
+        // come back from the communication thread (at most one buffer).
+        const int64_t allowed = i + 1 == net->layers.size() ? 0 : layer.own_unsharded;
+        Check(layer.pool_kept <= allowed, which + ": the pool keeps " +
+                                              std::to_string(layer.pool_kept) +
+                                              " idle bytes while it recomputes");
+      }
+    }
+  }
+  for (size_t k = 0; k < losses[0].size(); ++k) {
+    Check(std::abs(losses[1][k] - losses[0][k]) <= 1e-12 * std::abs(losses[0][k]),
+          "step " + std::to_string(k) + " loss differs with checkpointing");
+  }
+}
+
+TEST(Fsdp, CheckpointedBackwardHoldsOneUnitAndNoIdleBuffers) {
+  LaunchResult r = LaunchScenario("ac_backward_buffers", 2, {}, std::chrono::seconds(120));
+  EXPECT_TRUE(r.ok()) << r.Describe();
 }
 
 // ---------------------------------------------------- through FSDP2Strategy

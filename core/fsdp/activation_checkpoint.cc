@@ -144,6 +144,7 @@ class RngRestorer {
 // inputs (saved in the autograd context).
 struct Region : torch::CustomClassHolder {
   const torch::nn::Module* module = nullptr;
+  std::weak_ptr<FSDPUnit> unit;  // its FSDP unit, if any
   std::string name;
   internal::RunFn run;
   // The tensors the forward reads as parameters (an FSDP unit's unsharded
@@ -200,6 +201,10 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       RegionGuard guard(region->module);
       outputs = region->run(inputs);
     }
+    // The unit's backward comes next: let it free what the reductions in
+    // flight hold and prefetch the next unit now, not while the
+    // recomputation was building its activations.
+    if (auto unit = region->unit.lock()) unit->post_recompute();
     if (outputs.size() != grad_outputs.size()) {
       throw InternalError("activation checkpointing: the recomputation of '" +
                           region->name + "' gave " + std::to_string(outputs.size()) +
@@ -359,6 +364,10 @@ std::vector<at::Tensor> CheckpointForward(FSDPUnit* unit, torch::nn::Module* mod
                                           RunFn run, std::vector<at::Tensor> inputs) {
   auto region = c10::make_intrusive<Region>();
   region->module = module;
+  if (unit != nullptr) {
+    region->unit = unit->weak_from_this();
+    unit->defer_backward_prefetch();
+  }
   region->name = module->name();
   region->run = std::move(run);
   region->params = RegionParams(unit, module);

@@ -10,7 +10,9 @@
 // What the pool keeps is bounded by what the engine used at once: a buffer
 // comes back to the pool only when the tensor holding it is freed, and only
 // a request of its size takes it out again. release() returns the kept
-// buffers to the system (fsdp::release_buffer_pool()).
+// buffers to the system (fsdp::release_buffer_pool()); a checkpointed
+// unit's backward does so before and after its recomputation, so that the
+// recomputed activations reuse that memory (FSDPUnit::post_recompute).
 //
 // Requests under kMinPooledBytes and tensors on other devices use the
 // default allocators. Thread-safe: buffers are freed on communication

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/fsdp/internal/buffer_pool.h"
 #include "core/fsdp/internal/fsdp_param_group.h"
 #include "core/fsdp/internal/fsdp_unit.h"
 
@@ -135,7 +136,7 @@ void FSDPRootState::issue_in_order(size_t limit, bool force) {
   }
 }
 
-void FSDPRootState::enter_backward(FSDPUnit* unit) {
+void FSDPRootState::enter_backward(FSDPUnit* unit, bool defer_rest) {
   size_t at = kAll;
   for (size_t i = 0; i < ops_.size(); ++i) {
     if (ops_[i].gather && ops_[i].unit == unit) at = i;
@@ -162,7 +163,18 @@ void FSDPRootState::enter_backward(FSDPUnit* unit) {
     }
   }
   unit->param_group().wait_unshard();
+  if (defer_rest) return;
   issue_in_order(kAll, /*force=*/false);  // prefetch, reductions that can go
+}
+
+void FSDPRootState::after_recompute() {
+  while (!reductions_in_flight_.empty()) {
+    FSDPParamGroup* oldest = reductions_in_flight_.front();
+    reductions_in_flight_.pop_front();
+    oldest->finish_reduction();
+  }
+  internal::BufferPool::Get().release();
+  issue_in_order(kAll, /*force=*/false);
 }
 
 void FSDPRootState::reduction_ready(FSDPUnit* unit, at::Tensor input) {

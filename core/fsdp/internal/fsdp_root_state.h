@@ -102,8 +102,13 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
   // autograd engine.
   void queue_end_of_backward();
   // `unit`'s pre-backward: issues the operations up to its all-gather and
-  // unshards it (see the file comment).
-  void enter_backward(FSDPUnit* unit);
+  // unshards it (see the file comment), then what can follow, unless
+  // `defer_rest` (a checkpointed unit: after_recompute() issues it).
+  void enter_backward(FSDPUnit* unit, bool defer_rest = false);
+  // A checkpointed unit's recomputation is done: finishes the reductions in
+  // flight, returns the pool's idle buffers to the allocator and issues the
+  // operations enter_backward left, in their order.
+  void after_recompute();
   // `unit`'s post-backward prepared `input` (FSDPParamGroup::
   // prepare_reduction): it is started in its turn, with what can follow.
   void reduction_ready(FSDPUnit* unit, at::Tensor input);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "core/fsdp/internal/buffer_pool.h"
 #include "core/fsdp/internal/unit_registry.h"
 
 namespace fsdp2 {
@@ -151,6 +152,7 @@ void FSDPUnit::attach_grad_node() {
   grad_node_ = std::make_shared<PostBackwardNode>(weak_from_this());
   grad_node_fired_ = false;
   pre_backward_done_ = false;
+  defer_backward_prefetch_ = false;
   for (size_t i : grad_params_) {
     const at::Tensor& compute = group_.params()[i].compute();
     const uint32_t input_nr = grad_node_->add_input_metadata(compute);
@@ -203,10 +205,20 @@ void FSDPUnit::pre_backward() {
   pre_backward_done_ = true;
   // All-gather again if resharded after forward, in canonical order.
   if (root) {
-    root->enter_backward(this);
+    root->enter_backward(this, /*defer_rest=*/defer_backward_prefetch_);
+    // The recomputation allocates this unit's activations next: let it
+    // reuse what the pool keeps idle (buffers of finished reductions and
+    // unshards) instead of growing the heap beside them.
+    if (defer_backward_prefetch_) internal::BufferPool::Get().release();
   } else {
     group_.wait_unshard();
   }
+}
+
+void FSDPUnit::post_recompute() {
+  if (!defer_backward_prefetch_) return;
+  defer_backward_prefetch_ = false;
+  if (std::shared_ptr<FSDPRootState> root = root_.lock()) root->after_recompute();
 }
 
 void FSDPUnit::post_backward(const Node* node, std::vector<at::Tensor> grads) {
@@ -245,6 +257,7 @@ void FSDPUnit::end_backward() {
   pre_backward_nodes_.clear();
   grad_node_fired_ = false;
   pre_backward_done_ = false;
+  defer_backward_prefetch_ = false;
 }
 
 }  // namespace fsdp

@@ -72,6 +72,21 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
                      std::vector<at::Tensor> unsharded_grads);
   void end_backward();
 
+  // ---- activation checkpointing (activation_checkpoint.h)
+  // This forward is checkpointed: backward recomputes it inside this unit's
+  // backward. pre_backward then unshards this unit but leaves the
+  // operations after its all-gather (the next unit's prefetch, reductions)
+  // to post_recompute(), and returns the buffers the engine's pool keeps
+  // idle to the allocator, so that the recomputed activations reuse their
+  // memory instead of being alive beside a third unit-sized buffer (issue
+  // #14: peak RSS with activation checkpointing). The operations keep their
+  // order, the same on every rank; they are only issued later.
+  void defer_backward_prefetch() { defer_backward_prefetch_ = true; }
+  // The recomputation of this unit's forward is done (its backward comes
+  // next): finish the reductions in flight, return their buffers to the
+  // allocator, then issue what pre_backward left.
+  void post_recompute();
+
   FSDPParamGroup& param_group() { return group_; }
   const FSDPParamGroup& param_group() const { return group_; }
   torch::nn::Module* module() const { return module_; }
@@ -108,6 +123,7 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   std::vector<std::weak_ptr<torch::autograd::Node>> pre_backward_nodes_;
   bool grad_node_fired_ = false;
   bool pre_backward_done_ = false;
+  bool defer_backward_prefetch_ = false;  // see defer_backward_prefetch()
 
   // Set at the first forward: the root owns its FSDPRootState, every unit
   // of its tree (the root too) points at it.
