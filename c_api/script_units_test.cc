@@ -11,11 +11,10 @@
 //   moe        experts (units inside layer units) that get no rows on some
 //              ranks, and one expert no rank calls at step 2.
 // Each rank takes its rows of PyTorch's global batch. Ranks are processes
-// of this binary (--worker), meeting through a FileStore; every launch has
-// a timeout.
+// of this binary (tests/harness), meeting through a FileStore; every launch
+// has a timeout.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -23,12 +22,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "c_api/fsdp2.h"
 #include "c_api/fsdp2_cpp.h"
 #include "core/checkpoint/safetensors.h"
+#include "tests/harness/multi_process.h"
 
 namespace {
 
@@ -64,12 +63,15 @@ fsdp2_tensor_t View(const at::Tensor& t) {
   return v;
 }
 
-// One rank: trains DIR/model.pt with `strategy_json` and `model_json` (the
-// reference's loss unless it names one); rank
-// 0 writes {"losses": [...], "peak_unsharded": bytes, "total": bytes}.
-int Worker(const std::string& dir, const std::string& strategy_json,
-           const std::string& model_json, const std::string& step_json,
-           const std::string& out_path) {
+// One rank: trains DIR/model.pt with STRATEGY_JSON and MODEL_JSON (the
+// reference's loss unless it names one) and STEP_JSON ({"accumulate": k,
+// "clip": v}); rank 0 writes result.json: {"losses": [...], "grad_norms":
+// [...], "peak_unsharded": bytes, "total": bytes}.
+FSDP2_SCENARIO(script_rank) {
+  const std::string& dir = args.at(0);
+  const std::string& strategy_json = args.at(1);
+  const std::string& model_json = args.at(2);
+  const std::string& step_json = args.at(3);
   const nlohmann::json ref = ReadJson(dir + "/reference.json");
   const nlohmann::json step_options = nlohmann::json::parse(step_json);
   fsdp2_step_options_t so_step;
@@ -128,51 +130,22 @@ int Worker(const std::string& dir, const std::string& strategy_json,
   Check(fsdp2_strategy_memory_stats(strategy.get(), &stats));
   result["peak_unsharded"] = stats.peak_unsharded_param_bytes;
   result["total"] = stats.total_param_bytes;
-  if (rank == 0) std::ofstream(out_path) << result.dump();
-  return 0;
+  if (rank == 0) {
+    std::ofstream(fsdp2::testing::WorkerOutDir() + "/result.json") << result.dump();
+  }
 }
 
 nlohmann::json RunRanks(int world, const std::string& dir, const std::string& strategy_json,
                         const std::string& model_json = "{}",
                         const std::string& step_json = "{}") {
-  static int run = 0;
-  const std::string out = TmpDir() + "/run_" + std::to_string(run++);
-  const std::string store = out + "_store";
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      setenv("FSDP2_STORE_PATH", store.c_str(), 1);
-      setenv("OMP_NUM_THREADS", "1", 1);
-      execl("/proc/self/exe", "script_units_test", "--worker", dir.c_str(),
-            strategy_json.c_str(), model_json.c_str(), step_json.c_str(), out.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        for (pid_t p : pids) kill(p, SIGKILL);
-        ADD_FAILURE() << world << " ranks timed out: " << strategy_json;
-        waitpid(pid, &status, 0);
-        ok = false;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
-  }
-  EXPECT_TRUE(ok) << "a rank of the " << world << "-rank run failed: " << strategy_json;
-  std::ifstream in(out);
-  if (!ok || !in) return nlohmann::json{{"losses", nlohmann::json::array()}};
-  return nlohmann::json::parse(in);
+  const auto launch = fsdp2::testing::LaunchScenario(
+      "script_rank", world, {dir, strategy_json, model_json, step_json},
+      std::chrono::seconds(120));
+  EXPECT_TRUE(launch.ok()) << world << " ranks, " << strategy_json << ", " << model_json
+                           << ":\n" << launch.Describe();
+  const std::string out = fsdp2::testing::ReadFile(launch.out_dir + "/result.json");
+  if (!launch.ok() || out.empty()) return nlohmann::json{{"losses", nlohmann::json::array()}};
+  return nlohmann::json::parse(out);
 }
 
 struct Case {
@@ -336,15 +309,4 @@ TEST(ScriptUnits, BadPoliciesBatchesAndLossesAreClearErrors) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc == 7 && std::string(argv[1]) == "--worker") {
-    try {
-      return Worker(argv[2], argv[3], argv[4], argv[5], argv[6]);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "worker: %s\n", e.what());
-      return 1;
-    }
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return fsdp2::testing::TestMain(argc, argv); }
