@@ -88,9 +88,7 @@ std::vector<const Node*> Resolve(const std::vector<Node>& nodes, const ScriptWra
       if (n.path.empty()) continue;
       const size_t dot = n.path.rfind('.');
       const std::string parent = dot == std::string::npos ? "" : n.path.substr(0, dot);
-      const bool parent_is_list =
-          parents.count(parent) != 0 && !(parent.empty() && !IsModuleList(nodes[0].module));
-      if (parent_is_list && HasParameters(n.module)) wrapped.push_back(&n);
+      if (parents.count(parent) != 0 && HasParameters(n.module)) wrapped.push_back(&n);
     }
     return wrapped;
   }
