@@ -440,7 +440,10 @@ def test_memory_stats_full_shard(world):
             assert 0 < trained["peak_unsharded_param_bytes"] <= total
             assert reset["peak_unsharded_param_bytes"] < trained["peak_unsharded_param_bytes"]
         assert reset["peak_unsharded_param_bytes"] == reset["unsharded_param_bytes"]
-        assert reset["peak_rss_bytes"] <= trained["peak_rss_bytes"]
+        # The RSS peak restarts from the RSS at the reset, which may have grown
+        # a little since `trained` was read (CI measured 8 KiB).
+        assert reset["peak_rss_bytes"] <= trained["peak_rss_bytes"] + (1 << 20)
+        assert reset["peak_rss_bytes"] >= reset["rss_bytes"]
     # FULL_SHARD splits every parameter's rows over the ranks: the shards add
     # up to the model, about half of it on each of 2 ranks.
     assert sum(r["trained"]["sharded_param_bytes"] for r in ranks) == total
