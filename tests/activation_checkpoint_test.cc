@@ -481,8 +481,11 @@ struct PoolLayerImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   torch::nn::Linear fc{nullptr};
   // Filled during the recomputation (the forward with gradients enabled):
-  // this unit's and the other units' unsharded bytes, the pool's idle bytes.
+  // this unit's and the other units' unsharded bytes, the pool's idle bytes;
+  // then, when the backward through the recomputed graph begins, the other
+  // units' unsharded bytes again.
   int64_t own_unsharded = -1, others_unsharded = -1, pool_kept = -1;
+  int64_t others_unsharded_in_backward = -1;
 };
 TORCH_MODULE(PoolLayer);
 
@@ -502,22 +505,33 @@ TORCH_MODULE(PoolNet);
 
 PoolNetImpl* g_pool_net = nullptr;
 
+namespace {
+int64_t OthersUnsharded(PoolLayerImpl& self) {
+  int64_t bytes = -fsdp::memory_stats(self).unsharded_param_bytes;
+  for (auto& layer : g_pool_net->layers) bytes += fsdp::memory_stats(*layer).unsharded_param_bytes;
+  return bytes;
+}
+}  // namespace
+
 at::Tensor PoolLayerImpl::forward(const at::Tensor& x) {
+  at::Tensor out = torch::tanh(fc->forward(x));
   if (at::GradMode::is_enabled() && g_pool_net != nullptr) {  // recomputing
     own_unsharded = fsdp::memory_stats(*this).unsharded_param_bytes;
-    others_unsharded = -own_unsharded;
-    for (auto& layer : g_pool_net->layers) {
-      others_unsharded += fsdp::memory_stats(*layer).unsharded_param_bytes;
-    }
+    others_unsharded = OthersUnsharded(*this);
     pool_kept = fsdp::buffer_pool_stats().kept_bytes;
+    out.register_hook([this](const at::Tensor& grad) {
+      others_unsharded_in_backward = OthersUnsharded(*this);
+      return grad;
+    });
   }
-  return torch::tanh(fc->forward(x));
+  return out;
 }
 
 // args: none. FULL_SHARD, every layer checkpointed: while a unit recomputes,
-// the pool keeps no idle buffer of its own making and no other unit is unsharded (the next
-// unit's prefetch waits for the end of the recomputation); training still
-// matches training without checkpointing.
+// the pool keeps no idle buffer of its own making and no other unit is
+// unsharded, and none is while it computes its gradients either (the next
+// unit's prefetch waits for this unit's reduction); training still matches
+// training without checkpointing.
 FSDP2_SCENARIO(ac_backward_buffers) {
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
   std::vector<double> losses[2];
@@ -547,10 +561,15 @@ FSDP2_SCENARIO(ac_backward_buffers) {
         Check(layer.others_unsharded == 0,
               which + ": another unit is unsharded while it recomputes (" +
                   std::to_string(layer.others_unsharded) + " bytes)");
+        Check(layer.others_unsharded_in_backward == 0,
+              which + ": another unit is unsharded while it computes its gradients (" +
+                  std::to_string(layer.others_unsharded_in_backward) + " bytes)");
         // The first unit in backward has no reduction in flight before it;
         // the others may see the reduction input of the unit before them
-        // come back from the communication thread (at most one buffer).
-        const int64_t allowed = i + 1 == net->layers.size() ? 0 : layer.own_unsharded;
+        // come back from the communication thread (at most one buffer: the
+        // unit's size, padded to whole rows of the world's shards).
+        const int64_t padded = layer.own_unsharded + 64 * world->size();
+        const int64_t allowed = i + 1 == net->layers.size() ? 0 : padded;
         Check(layer.pool_kept <= allowed, which + ": the pool keeps " +
                                               std::to_string(layer.pool_kept) +
                                               " idle bytes while it recomputes");

@@ -45,10 +45,22 @@ at::DataPtr BufferPool::allocate(size_t nbytes) const {
 void BufferPool::Return(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
   BufferPool& pool = Get();
-  std::lock_guard<std::mutex> lock(pool.mu_);
-  pool.free_[block->nbytes].push_back(block);
-  pool.stats_.in_use_bytes -= static_cast<int64_t>(block->nbytes);
-  pool.stats_.kept_bytes += static_cast<int64_t>(block->nbytes);
+  {
+    std::lock_guard<std::mutex> lock(pool.mu_);
+    pool.stats_.in_use_bytes -= static_cast<int64_t>(block->nbytes);
+    if (pool.keep_returned_) {
+      pool.free_[block->nbytes].push_back(block);
+      pool.stats_.kept_bytes += static_cast<int64_t>(block->nbytes);
+      return;
+    }
+  }
+  c10::free_cpu(block->data);
+  delete block;
+}
+
+void BufferPool::keep_returned(bool keep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  keep_returned_ = keep;
 }
 
 at::Tensor BufferPool::empty(at::IntArrayRef sizes, const at::TensorOptions& options) {

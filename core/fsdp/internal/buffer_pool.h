@@ -11,8 +11,10 @@
 // comes back to the pool only when the tensor holding it is freed, and only
 // a request of its size takes it out again. release() returns the kept
 // buffers to the system (fsdp::release_buffer_pool()); a checkpointed
-// unit's backward does so before and after its recomputation, so that the
-// recomputed activations reuse that memory (FSDPUnit::post_recompute).
+// unit's backward does so before and after its recomputation, and keeps
+// nothing that comes back during it, so that the recomputed activations and
+// then its gradients reuse that memory (FSDPUnit::pre_backward,
+// FSDPRootState::after_recompute).
 //
 // Requests under kMinPooledBytes and tensors on other devices use the
 // default allocators. Thread-safe: buffers are freed on communication
@@ -54,6 +56,11 @@ class BufferPool final : public c10::Allocator {
 
   // Frees every kept buffer now. Buffers in use are kept again when freed.
   void release();
+  // While `keep` is false, a buffer that comes back is freed at once
+  // instead of kept (a checkpointed unit's recomputation: the memory of a
+  // reduction that finishes meanwhile is for its activations). True at
+  // start.
+  void keep_returned(bool keep);
 
   BufferPoolStats stats() const;
 
@@ -64,6 +71,7 @@ class BufferPool final : public c10::Allocator {
   struct Block;
   mutable std::mutex mu_;
   mutable std::map<size_t, std::vector<Block*>> free_;  // by size
+  bool keep_returned_ = true;
   mutable BufferPoolStats stats_;
 };
 

@@ -50,6 +50,25 @@ TEST(BufferPool, SmallRequestsUseTheDefaultAllocator) {
   EXPECT_EQ(after.kept_bytes, before.kept_bytes);
 }
 
+// While returned buffers are not kept (a checkpointed unit recomputing),
+// one that comes back is freed at once; kept buffers stay until release().
+TEST(BufferPool, NotKeepingFreesWhatComesBack) {
+  BufferPool& pool = BufferPool::Get();
+  pool.release();
+  { at::DataPtr kept = pool.allocate(kBig); }
+  at::DataPtr in_use = pool.allocate(2 * kBig);
+  pool.keep_returned(false);
+  in_use.clear();
+  EXPECT_EQ(pool.stats().kept_bytes, int64_t{kBig});
+  EXPECT_EQ(pool.stats().in_use_bytes, 0);
+  { at::DataPtr again = pool.allocate(kBig); }  // the kept one, then freed
+  EXPECT_EQ(pool.stats().kept_bytes, 0);
+  pool.keep_returned(true);
+  { at::DataPtr p = pool.allocate(kBig); }
+  EXPECT_EQ(pool.stats().kept_bytes, int64_t{kBig});
+  pool.release();
+}
+
 // The unsharded buffer's cycle: its storage freed at reshard and allocated
 // again at unshard comes back as the same memory.
 TEST(BufferPool, ATensorsStorageCycleReusesItsBuffer) {

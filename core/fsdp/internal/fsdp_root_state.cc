@@ -123,14 +123,14 @@ void FSDPRootState::issue(Op& op, bool force) {
   op.issued = true;
 }
 
-void FSDPRootState::issue_in_order(size_t limit, bool force) {
+void FSDPRootState::issue_in_order(size_t limit, bool force, bool prefetch) {
   for (; next_op_ < ops_.size() && (limit == kAll || next_op_ <= limit);
        ++next_op_) {
     Op& op = ops_[next_op_];
     if (op.issued) continue;
     if (!force && op.here) {
       if (!op.gather && !op.input.defined()) return;  // gradients coming
-      if (op.gather && limit == kAll && !kept_.empty()) return;  // prefetched
+      if (op.gather && limit == kAll && (!prefetch || !kept_.empty())) return;
     }
     issue(op, force);
   }
@@ -174,7 +174,8 @@ void FSDPRootState::after_recompute() {
     oldest->finish_reduction();
   }
   internal::BufferPool::Get().release();
-  issue_in_order(kAll, /*force=*/false);
+  internal::BufferPool::Get().keep_returned(true);
+  issue_in_order(kAll, /*force=*/false, /*prefetch=*/false);
 }
 
 void FSDPRootState::reduction_ready(FSDPUnit* unit, at::Tensor input) {
@@ -205,6 +206,7 @@ void FSDPRootState::make_room_for_reduction() {
 
 void FSDPRootState::end_backward() {
   end_of_backward_queued_ = false;
+  internal::BufferPool::Get().keep_returned(true);  // after a recomputation that threw
   issue_in_order(kAll, /*force=*/true);
   ops_.clear();
   next_op_ = 0;

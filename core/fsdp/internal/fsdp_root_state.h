@@ -106,8 +106,13 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
   // `defer_rest` (a checkpointed unit: after_recompute() issues it).
   void enter_backward(FSDPUnit* unit, bool defer_rest = false);
   // A checkpointed unit's recomputation is done: finishes the reductions in
-  // flight, returns the pool's idle buffers to the allocator and issues the
-  // operations enter_backward left, in their order.
+  // flight, returns the pool's idle buffers to the allocator, has it keep
+  // returned buffers again, and issues the reductions enter_backward left.
+  // The next unit's all-gather (the prefetch) waits for this unit's
+  // reduction_ready(), which issues it ahead of that reduction, as the
+  // sequence orders them: gathered during this unit's backward, it would be
+  // a second unit-sized buffer beside the recomputed activations and their
+  // gradients. Its wait is then exposed, once per checkpointed unit.
   void after_recompute();
   // `unit`'s post-backward prepared `input` (FSDPParamGroup::
   // prepare_reduction): it is started in its turn, with what can follow.
@@ -138,8 +143,9 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
   // Issues the operations in order from the first one not issued: through
   // `limit` (an index; kAll: as far as it can go), or until a reduction
   // whose gradients are still coming here (unless `force`), or a second
-  // all-gather kept for a unit whose pre-backward has not run yet.
-  void issue_in_order(size_t limit, bool force);
+  // all-gather kept for a unit whose pre-backward has not run yet (without
+  // `prefetch`: the first one).
+  void issue_in_order(size_t limit, bool force, bool prefetch = true);
   void issue(Op& op, bool force);  // one operation (see the file comment)
   // While at the cap, the oldest reduction is finished: its group waits for
   // it, writes its shards' .grad and drops its buffers.

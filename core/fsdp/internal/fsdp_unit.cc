@@ -208,8 +208,12 @@ void FSDPUnit::pre_backward() {
     root->enter_backward(this, /*defer_rest=*/defer_backward_prefetch_);
     // The recomputation allocates this unit's activations next: let it
     // reuse what the pool keeps idle (buffers of finished reductions and
-    // unshards) instead of growing the heap beside them.
-    if (defer_backward_prefetch_) internal::BufferPool::Get().release();
+    // unshards), and what the reduction in flight frees meanwhile, instead
+    // of growing the heap beside them (after_recompute keeps again).
+    if (defer_backward_prefetch_) {
+      internal::BufferPool::Get().release();
+      internal::BufferPool::Get().keep_returned(false);
+    }
   } else {
     group_.wait_unshard();
   }
