@@ -280,7 +280,9 @@ int RunParent(flags::Flags& flags, const std::string& self) {
                  find(m.name, "fp32", n, "full_shard"), true, ">= 1.8 with AVX512-BF16");
     }
   }
-  if (!want_python) {
+  if (python_ddp == "0") {
+    std::printf("\nPyTorch DDP: not run (--python-ddp 0)\n");
+  } else if (!want_python) {
     std::printf("\nPyTorch DDP: skipped (python3 cannot import torch; bash "
                 "scripts/setup.sh)\n");
   } else {
