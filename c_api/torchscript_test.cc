@@ -6,26 +6,25 @@
 // script is written here with torch::jit::Module::define and save, as
 // Python's torch.jit.save would.
 //
-// Ranks are processes of this binary (re-run with --worker), meeting through
-// a FileStore; each launch has a timeout.
+// Ranks are processes of this binary (tests/harness), meeting through a
+// FileStore; each launch has a timeout, and a failing rank's log is in the
+// test failure.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "c_api/fsdp2.h"
 #include "c_api/fsdp2_cpp.h"
+#include "tests/harness/multi_process.h"
 
 namespace {
 
@@ -99,18 +98,18 @@ fsdp2_tensor_t View(const at::Tensor& t) {
   return v;
 }
 
-// One rank: trains through the C ABI with these strategy options and
-// writes its losses (rank 0).
-int Worker(const std::string& script, const std::string& out_path, const std::string& json) {
+// One rank. args: the script, the strategy options (JSON). Trains through
+// the C ABI and writes its losses to losses.txt (rank 0).
+FSDP2_SCENARIO(ts_rank) {
   fsdp2_strategy_options_t so;
   fsdp2_strategy_options_init(&so);
-  Check(fsdp2_strategy_options_from_json(json.c_str(), &so));
+  Check(fsdp2_strategy_options_from_json(args.at(1).c_str(), &so));
   fsdp2_strategy_t* raw = nullptr;
   Check(fsdp2_strategy_create(&so, &raw));
   fsdp2_c::StrategyPtr strategy(raw);
   Check(fsdp2_strategy_setup_environment(strategy.get()));
   fsdp2_model_t* model_raw = nullptr;
-  Check(fsdp2_model_load_torchscript(script.c_str(), "mse", &model_raw));
+  Check(fsdp2_model_load_torchscript(args.at(0).c_str(), "mse", &model_raw));
   fsdp2_c::ModelPtr model(model_raw);
   fsdp2_optimizer_options_t oo;
   fsdp2_optimizer_options_init(&oo);
@@ -122,7 +121,7 @@ int Worker(const std::string& script, const std::string& out_path, const std::st
   Check(fsdp2_strategy_rank_info(strategy.get(), &rank, nullptr, &dp_rank, &dp_size));
   std::ofstream out;
   out.precision(17);
-  if (rank == 0) out.open(out_path);
+  if (rank == 0) out.open(fsdp2::testing::WorkerOutDir() + "/losses.txt");
   const int rows = kRows / dp_size;
   for (int step = 0; step < kSteps; ++step) {
     at::Tensor x = Inputs(step).narrow(0, dp_rank * rows, rows).contiguous();
@@ -132,49 +131,14 @@ int Worker(const std::string& script, const std::string& out_path, const std::st
     Check(fsdp2_strategy_training_step(strategy.get(), batch, 2, step, nullptr, &result));
     if (rank == 0) out << result.loss << "\n";
   }
-  return 0;
 }
 
 std::vector<double> RunRanks(int world, const std::string& script,
                              const std::string& json = R"({"precision": "fp32"})") {
-  static int run = 0;
-  const std::string out = TmpDir() + "/ts_losses_" + std::to_string(world) + "_" +
-                          std::to_string(run++);
-  const std::string store = out + "_store";
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      setenv("FSDP2_STORE_PATH", store.c_str(), 1);
-      execl("/proc/self/exe", "torchscript_test", "--worker", script.c_str(), out.c_str(),
-            json.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        for (pid_t p : pids) kill(p, SIGKILL);
-        ADD_FAILURE() << world << " ranks timed out";
-        waitpid(pid, &status, 0);
-        ok = false;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
-  }
-  EXPECT_TRUE(ok) << "a rank of the " << world << "-rank run failed";
-  std::vector<double> losses;
-  std::ifstream in(out);
-  for (double v; in >> v;) losses.push_back(v);
-  return losses;
+  const auto launch =
+      fsdp2::testing::LaunchScenario("ts_rank", world, {script, json}, std::chrono::seconds(120));
+  EXPECT_TRUE(launch.ok()) << world << " ranks, " << json << ":\n" << launch.Describe();
+  return fsdp2::testing::ReadNumbers(launch.out_dir + "/losses.txt");
 }
 
 TEST(TorchScriptTest, TrainsLikeLibTorchOnOneAndTwoRanks) {
@@ -225,15 +189,4 @@ TEST(TorchScriptTest, BadFilesAndLossesAreErrors) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc == 5 && std::string(argv[1]) == "--worker") {
-    try {
-      return Worker(argv[2], argv[3], argv[4]);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "worker: %s\n", e.what());
-      return 1;
-    }
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return fsdp2::testing::TestMain(argc, argv); }
