@@ -1,5 +1,6 @@
 #include "core/strategy/optimizer.h"
 #include "core/common/error.h"
+#include "core/strategy/fused_adamw.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -40,7 +41,7 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
   }
   switch (o.kind) {
     case OptimizerKind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(
+      return std::make_unique<FusedAdamW>(
           params, torch::optim::AdamWOptions(o.lr)
                       .betas({o.beta1, o.beta2})
                       .eps(o.eps)

@@ -1,5 +1,7 @@
 #include "core/strategy/optimizer.h"
+#include "core/strategy/fused_adamw.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -27,6 +29,92 @@ TEST(MakeOptimizer, AdamWTakesEveryHyperParameter) {
   EXPECT_EQ(std::get<1>(g.betas()), 0.95);
   EXPECT_EQ(g.eps(), 1e-6);
   EXPECT_EQ(g.weight_decay(), 0.1);
+}
+
+// FusedAdamW against LibTorch's AdamW on the same parameters and gradients:
+// bit-identical parameters and moments after every step, for float and
+// double, sizes that are not multiples of a vector, with and without weight
+// decay, and a parameter that has no gradient in some steps.
+template <typename Optimizer>
+std::vector<at::Tensor> Train(at::ScalarType type, double weight_decay,
+                              std::vector<std::vector<at::Tensor>>* states) {
+  auto gen = at::detail::createCPUGenerator(7);
+  std::vector<at::Tensor> params;
+  for (int64_t n : {1, 15, 16, 17, 1000, 70001}) {
+    params.push_back(at::randn({n}, gen, at::TensorOptions(type)).requires_grad_());
+  }
+  Optimizer opt(params, torch::optim::AdamWOptions(3e-3)
+                            .betas({0.8, 0.95})
+                            .eps(1e-6)
+                            .weight_decay(weight_decay));
+  for (int step = 0; step < 5; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (i == 2 && step % 2 == 1) {
+        params[i].mutable_grad() = at::Tensor();  // no gradient this step
+        continue;
+      }
+      params[i].mutable_grad() = at::randn(params[i].sizes(), gen, params[i].options());
+    }
+    opt.step();
+  }
+  for (const auto& p : params) {
+    const auto& state = static_cast<torch::optim::AdamWParamState&>(
+        *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+    states->push_back({state.exp_avg(), state.exp_avg_sq(),
+                       at::scalar_tensor(static_cast<double>(state.step()))});
+  }
+  return params;
+}
+
+TEST(FusedAdamW, EqualsLibTorchsAdamWBitForBit) {
+  for (at::ScalarType type : {at::kFloat, at::kDouble}) {
+    for (double weight_decay : {0.0, 0.1}) {
+      std::vector<std::vector<at::Tensor>> fused_states, plain_states;
+      const auto fused = Train<FusedAdamW>(type, weight_decay, &fused_states);
+      const auto plain = Train<torch::optim::AdamW>(type, weight_decay, &plain_states);
+      for (size_t i = 0; i < plain.size(); ++i) {
+        const std::string which = std::string(c10::toString(type)) + " wd " +
+                                  std::to_string(weight_decay) + " param " + std::to_string(i);
+        EXPECT_TRUE(at::equal(fused[i], plain[i]))
+            << which << ": max difference "
+            << (fused[i] - plain[i]).abs().max().item<double>();
+        for (size_t k = 0; k < plain_states[i].size(); ++k) {
+          EXPECT_TRUE(at::equal(fused_states[i][k], plain_states[i][k])) << which << " state " << k;
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedAdamW, AmsgradAndOtherLayoutsTakeLibTorchsStep) {
+  at::Tensor strided = at::randn({4, 6}).t().requires_grad_();  // not contiguous
+  at::Tensor plain = strided.detach().clone().requires_grad_();
+  FusedAdamW fused({strided}, torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW reference({plain}, torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor g = at::randn({6, 4});
+    strided.mutable_grad() = g.clone();
+    plain.mutable_grad() = g.clone();
+    fused.step();
+    reference.step();
+  }
+  EXPECT_TRUE(at::equal(strided, plain));
+  at::Tensor a = at::randn({5}).requires_grad_(), b = a.detach().clone().requires_grad_();
+  FusedAdamW fused_ams({a}, torch::optim::AdamWOptions(1e-2).amsgrad(true));
+  torch::optim::AdamW ams({b}, torch::optim::AdamWOptions(1e-2).amsgrad(true));
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor g = at::randn({5});
+    a.mutable_grad() = g.clone();
+    b.mutable_grad() = g.clone();
+    fused_ams.step();
+    ams.step();
+  }
+  EXPECT_TRUE(at::equal(a, b));
+}
+
+TEST(MakeOptimizer, AdamWIsTheFusedOne) {
+  auto opt = MakeOptimizer(Params(), OptimizerOptions());
+  EXPECT_NE(dynamic_cast<FusedAdamW*>(opt.get()), nullptr);
 }
 
 TEST(MakeOptimizer, DefaultsAreTheCApis) {

@@ -1,0 +1,187 @@
+#include "core/strategy/fused_adamw.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace fsdp2 {
+namespace strategy {
+namespace {
+
+// The scalars of one parameter's update, in its dtype, as LibTorch's AdamW
+// hands them to ATen's kernels.
+template <typename T>
+struct Coefficients {
+  bool decay;     // weight decay on
+  T decay_factor; // 1 - lr * weight_decay
+  T beta1, one_minus_beta1, beta2, one_minus_beta2;
+  T sqrt_bias_correction2, eps, neg_step_size;
+};
+
+// One element at a time, the operations of torch::optim::AdamW::step in
+// its order: p *= 1 - lr * wd; m = m * b1, then m += (1 - b1) * g (ATen's
+// add kernel: a fused multiply-add on CPUs with FMA, separate roundings
+// without); v = v * b2, then v += (1 - b2) * g * g; denom = sqrt(v) /
+// sqrt(bc2) + eps; p += (-step_size * m) / denom.
+template <typename T, bool kFused>
+inline void UpdateRange(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end,
+                        const Coefficients<T>& c) {
+  for (int64_t i = begin; i < end; ++i) {
+    T pi = p[i];
+    if (c.decay) pi = pi * c.decay_factor;
+    const T gi = g[i];
+    const T m_scaled = m[i] * c.beta1;
+    T mi;
+    if constexpr (kFused) {
+      mi = std::fma(gi, c.one_minus_beta1, m_scaled);
+    } else {
+      const T term = c.one_minus_beta1 * gi;
+      mi = m_scaled + term;
+    }
+    const T v_scaled = v[i] * c.beta2;
+    const T scaled_g = c.one_minus_beta2 * gi;
+    T vi;
+    if constexpr (kFused) {
+      vi = std::fma(scaled_g, gi, v_scaled);
+    } else {
+      const T square_term = scaled_g * gi;
+      vi = v_scaled + square_term;
+    }
+    const T root = std::sqrt(vi) / c.sqrt_bias_correction2;
+    const T denom = root + c.eps;
+    const T numerator = c.neg_step_size * mi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi + numerator / denom;
+  }
+}
+
+// Hardware FMA for the fused variant: compiled for AVX2+FMA and chosen at
+// run time, so the library still runs on CPUs without it.
+template <typename T>
+__attribute__((target("avx2,fma"))) void UpdateFma(T* p, const T* g, T* m, T* v,
+                                                   int64_t begin, int64_t end,
+                                                   const Coefficients<T>& c) {
+  UpdateRange<T, true>(p, g, m, v, begin, end, c);
+}
+
+// Whether ATen's CPU kernels run with FMA here: it picks its AVX2 or
+// AVX-512 kernels (whose add uses fmadd) on CPUs with AVX2 and FMA, unless
+// ATEN_CPU_CAPABILITY=default asks for the plain ones.
+bool AtenUsesFma() {
+  static const bool fma = [] {
+    const char* capability = std::getenv("ATEN_CPU_CAPABILITY");
+    if (capability != nullptr && std::string(capability) == "default") return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return fma;
+}
+
+template <typename T>
+void Update(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
+            const Coefficients<T>& c) {
+  T* pp = p.data_ptr<T>();
+  const T* gp = g.data_ptr<T>();
+  T* mp = m.data_ptr<T>();
+  T* vp = v.data_ptr<T>();
+  const bool fma = AtenUsesFma();
+  at::parallel_for(0, p.numel(), int64_t{1} << 15, [&](int64_t begin, int64_t end) {
+    if (fma) {
+      UpdateFma<T>(pp, gp, mp, vp, begin, end, c);
+    } else {
+      UpdateRange<T, false>(pp, gp, mp, vp, begin, end, c);
+    }
+  });
+}
+
+bool Fusable(const at::Tensor& p, const at::Tensor& g) {
+  const auto type = p.scalar_type();
+  return (type == at::kFloat || type == at::kDouble) && p.device().is_cpu() &&
+         g.device().is_cpu() && g.scalar_type() == type && !g.is_sparse() &&
+         p.is_contiguous() && g.is_contiguous() && g.numel() == p.numel();
+}
+
+}  // namespace
+
+at::Tensor FusedAdamW::step(LossClosure closure) {
+  // LibTorch's own step wherever the one-pass update does not apply.
+  for (const auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    if (options.amsgrad()) return torch::optim::AdamW::step(std::move(closure));
+    for (const at::Tensor& p : group.params()) {
+      if (p.grad().defined() && !Fusable(p, p.grad())) {
+        return torch::optim::AdamW::step(std::move(closure));
+      }
+    }
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups()) {
+    auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const at::Tensor& grad = p.grad();
+      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      auto found = state_.find(key);
+      if (found == state_.end()) {
+        auto state = std::make_unique<torch::optim::AdamWParamState>();
+        state->step(0);
+        state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+        state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        found = state_.emplace(key, std::move(state)).first;
+      }
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*found->second);
+      at::Tensor& exp_avg = state.exp_avg();
+      at::Tensor& exp_avg_sq = state.exp_avg_sq();
+      if (!exp_avg.is_contiguous() || !exp_avg_sq.is_contiguous() ||
+          exp_avg.scalar_type() != p.scalar_type() ||
+          exp_avg_sq.scalar_type() != p.scalar_type()) {
+        // A state loaded in another layout: make it this parameter's.
+        exp_avg = exp_avg.to(p.scalar_type()).contiguous();
+        exp_avg_sq = exp_avg_sq.to(p.scalar_type()).contiguous();
+      }
+      state.step(state.step() + 1);
+      const double beta1 = std::get<0>(options.betas());
+      const double beta2 = std::get<1>(options.betas());
+      const double bias_correction1 = 1 - std::pow(beta1, state.step());
+      const double bias_correction2 = 1 - std::pow(beta2, state.step());
+      const double step_size = options.lr() / bias_correction1;
+      if (p.scalar_type() == at::kFloat) {
+        Coefficients<float> c{options.weight_decay() != 0,
+                              static_cast<float>(1 - options.lr() * options.weight_decay()),
+                              static_cast<float>(beta1),
+                              static_cast<float>(1 - beta1),
+                              static_cast<float>(beta2),
+                              static_cast<float>(1 - beta2),
+                              static_cast<float>(std::sqrt(bias_correction2)),
+                              static_cast<float>(options.eps()),
+                              static_cast<float>(-step_size)};
+        Update<float>(p, grad, exp_avg, exp_avg_sq, c);
+      } else {
+        Coefficients<double> c{options.weight_decay() != 0,
+                               1 - options.lr() * options.weight_decay(),
+                               beta1,
+                               1 - beta1,
+                               beta2,
+                               1 - beta2,
+                               std::sqrt(bias_correction2),
+                               options.eps(),
+                               -step_size};
+        Update<double>(p, grad, exp_avg, exp_avg_sq, c);
+      }
+    }
+  }
+  return loss;
+}
+
+}  // namespace strategy
+}  // namespace fsdp2
