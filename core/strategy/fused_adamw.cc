@@ -60,6 +60,7 @@ inline void UpdateRange(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end
   }
 }
 
+#if defined(__x86_64__) || defined(__i386__)
 // Hardware FMA for the fused variant: compiled for AVX2+FMA and chosen at
 // run time, so the library still runs on CPUs without it.
 template <typename T>
@@ -81,6 +82,15 @@ bool AtenUsesFma() {
   }();
   return fma;
 }
+#else
+// Other architectures: the plain variant (not checked against ATen there).
+template <typename T>
+void UpdateFma(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end,
+               const Coefficients<T>& c) {
+  UpdateRange<T, false>(p, g, m, v, begin, end, c);
+}
+bool AtenUsesFma() { return false; }
+#endif
 
 template <typename T>
 void Update(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
