@@ -13,8 +13,8 @@
 // buffers to the system (fsdp::release_buffer_pool()); a checkpointed
 // unit's backward does so before and after its recomputation, and keeps
 // nothing that comes back during it, so that the recomputed activations and
-// then its gradients reuse that memory (FSDPUnit::pre_backward,
-// FSDPRootState::after_recompute).
+// then its gradients reuse that memory (FSDPRootState::enter_backward and
+// after_recompute).
 //
 // Requests under kMinPooledBytes and tensors on other devices use the
 // default allocators. Thread-safe: buffers are freed on communication

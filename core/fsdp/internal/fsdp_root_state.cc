@@ -115,10 +115,8 @@ void FSDPRootState::issue(Op& op, bool force) {
     }
   } else {
     if (!op.input.defined()) op.input = group.prepare_reduction({});
-    make_room_for_reduction();
-    group.start_reduction(std::move(op.input));
+    start_reduction(group, std::move(op.input));
     op.input = at::Tensor();
-    reductions_in_flight_.push_back(&group);
   }
   op.issued = true;
 }
@@ -137,11 +135,11 @@ void FSDPRootState::issue_in_order(size_t limit, bool force, bool prefetch) {
 }
 
 void FSDPRootState::enter_backward(FSDPUnit* unit, bool defer_rest) {
-  size_t at = kAll;
+  size_t at = kNone;
   for (size_t i = 0; i < ops_.size(); ++i) {
     if (ops_[i].gather && ops_[i].unit == unit) at = i;
   }
-  if (at != kAll) {
+  if (at != kNone) {
     const bool issued_before = ops_[at].issued;
     if (!issued_before) {
       issue_in_order(at, /*force=*/false);
@@ -163,16 +161,20 @@ void FSDPRootState::enter_backward(FSDPUnit* unit, bool defer_rest) {
     }
   }
   unit->param_group().wait_unshard();
-  if (defer_rest) return;
+  if (defer_rest) {
+    // The recomputation allocates the unit's activations next: let it reuse
+    // what the pool keeps idle (buffers of finished reductions and
+    // unshards), and what the reduction in flight frees meanwhile, instead
+    // of growing the heap beside them (after_recompute keeps again).
+    internal::BufferPool::Get().release();
+    internal::BufferPool::Get().keep_returned(false);
+    return;
+  }
   issue_in_order(kAll, /*force=*/false);  // prefetch, reductions that can go
 }
 
 void FSDPRootState::after_recompute() {
-  while (!reductions_in_flight_.empty()) {
-    FSDPParamGroup* oldest = reductions_in_flight_.front();
-    reductions_in_flight_.pop_front();
-    oldest->finish_reduction();
-  }
+  finish_reductions_beyond(0);
   internal::BufferPool::Get().release();
   internal::BufferPool::Get().keep_returned(true);
   issue_in_order(kAll, /*force=*/false, /*prefetch=*/false);
@@ -191,13 +193,17 @@ void FSDPRootState::reduction_ready(FSDPUnit* unit, at::Tensor input) {
     return;
   }
   // Not in this root's tree (called on its own): reduce now.
-  make_room_for_reduction();
-  unit->param_group().start_reduction(std::move(input));
-  reductions_in_flight_.push_back(&unit->param_group());
+  start_reduction(unit->param_group(), std::move(input));
 }
 
-void FSDPRootState::make_room_for_reduction() {
-  while (reductions_in_flight_.size() >= kMaxReductionsInFlight) {
+void FSDPRootState::start_reduction(FSDPParamGroup& group, at::Tensor input) {
+  finish_reductions_beyond(kMaxReductionsInFlight - 1);
+  group.start_reduction(std::move(input));
+  reductions_in_flight_.push_back(&group);
+}
+
+void FSDPRootState::finish_reductions_beyond(size_t keep) {
+  while (reductions_in_flight_.size() > keep) {
     FSDPParamGroup* oldest = reductions_in_flight_.front();
     reductions_in_flight_.pop_front();
     oldest->finish_reduction();

@@ -103,7 +103,9 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
   void queue_end_of_backward();
   // `unit`'s pre-backward: issues the operations up to its all-gather and
   // unshards it (see the file comment), then what can follow, unless
-  // `defer_rest` (a checkpointed unit: after_recompute() issues it).
+  // `defer_rest` (a checkpointed unit: after_recompute() issues it; until
+  // then the engine's pool returns its idle buffers to the allocator and
+  // keeps none that come back).
   void enter_backward(FSDPUnit* unit, bool defer_rest = false);
   // A checkpointed unit's recomputation is done: finishes the reductions in
   // flight, returns the pool's idle buffers to the allocator, has it keep
@@ -147,9 +149,13 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
   // `prefetch`: the first one).
   void issue_in_order(size_t limit, bool force, bool prefetch = true);
   void issue(Op& op, bool force);  // one operation (see the file comment)
-  // While at the cap, the oldest reduction is finished: its group waits for
-  // it, writes its shards' .grad and drops its buffers.
-  void make_room_for_reduction();
+  // Starts `group`'s reduction of `input`, first finishing the oldest one
+  // in flight while at the cap.
+  void start_reduction(FSDPParamGroup& group, at::Tensor input);
+  // Finishes the oldest reductions in flight until at most `keep` remain:
+  // each group waits for its reduction, writes its shards' .grad and drops
+  // its buffers.
+  void finish_reductions_beyond(size_t keep);
 
   static constexpr size_t kAll = static_cast<size_t>(-1);
 

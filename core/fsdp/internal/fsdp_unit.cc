@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "core/fsdp/internal/buffer_pool.h"
 #include "core/fsdp/internal/unit_registry.h"
 
 namespace fsdp2 {
@@ -206,14 +205,6 @@ void FSDPUnit::pre_backward() {
   // All-gather again if resharded after forward, in canonical order.
   if (root) {
     root->enter_backward(this, /*defer_rest=*/defer_backward_prefetch_);
-    // The recomputation allocates this unit's activations next: let it
-    // reuse what the pool keeps idle (buffers of finished reductions and
-    // unshards), and what the reduction in flight frees meanwhile, instead
-    // of growing the heap beside them (after_recompute keeps again).
-    if (defer_backward_prefetch_) {
-      internal::BufferPool::Get().release();
-      internal::BufferPool::Get().keep_returned(false);
-    }
   } else {
     group_.wait_unshard();
   }
