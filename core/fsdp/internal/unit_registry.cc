@@ -1,6 +1,8 @@
 #include "core/fsdp/internal/unit_registry.h"
 #include "core/common/error.h"
 
+#include <algorithm>
+#include <functional>
 #include <stdexcept>
 
 namespace fsdp2 {
@@ -72,39 +74,35 @@ std::vector<FSDPUnit*> UnitsUnder(torch::nn::Module& root) {
 
 namespace {
 
-void VisitUnits(torch::nn::Module& module, UnitRegistry& registry,
-                std::unordered_set<const torch::nn::Module*>& seen,
-                UnitTreeOrder& order) {
-  if (!seen.insert(&module).second) return;  // shared: its first place
-  std::shared_ptr<FSDPUnit> unit = registry.find(module);
-  if (unit) order.pre.push_back(unit.get());
-  for (const auto& child : module.children()) {
-    VisitUnits(*child, registry, seen, order);
-  }
-  if (unit) order.post.push_back(unit.get());
-}
-
-void VisitUnitsBackward(torch::nn::Module& module, UnitRegistry& registry,
-                        std::unordered_set<const torch::nn::Module*>& seen,
-                        UnitTreeOrder& order) {
+// Depth-first over `module`'s tree, a module shared by several parents at
+// its first place only: visit(unit, true) when the walk enters a unit's
+// module, visit(unit, false) when it leaves it; the children in
+// registration order, or with `reverse` in reverse.
+void WalkUnits(torch::nn::Module& module, UnitRegistry& registry, bool reverse,
+               std::unordered_set<const torch::nn::Module*>& seen,
+               const std::function<void(FSDPUnit*, bool)>& visit) {
   if (!seen.insert(&module).second) return;
   std::shared_ptr<FSDPUnit> unit = registry.find(module);
-  if (unit) order.backward.emplace_back(unit.get(), true);
-  const auto children = module.children();
-  for (auto it = children.rbegin(); it != children.rend(); ++it) {
-    VisitUnitsBackward(**it, registry, seen, order);
-  }
-  if (unit) order.backward.emplace_back(unit.get(), false);
+  if (unit) visit(unit.get(), true);
+  auto children = module.children();
+  if (reverse) std::reverse(children.begin(), children.end());
+  for (const auto& child : children) WalkUnits(*child, registry, reverse, seen, visit);
+  if (unit) visit(unit.get(), false);
 }
 
 }  // namespace
 
 UnitTreeOrder UnitsInTreeOrder(torch::nn::Module& root) {
   UnitTreeOrder order;
+  UnitRegistry& registry = UnitRegistry::Get();
   std::unordered_set<const torch::nn::Module*> seen;
-  VisitUnits(root, UnitRegistry::Get(), seen, order);
+  WalkUnits(root, registry, /*reverse=*/false, seen, [&](FSDPUnit* unit, bool entered) {
+    if (entered) order.pre.push_back(unit);
+  });
   seen.clear();
-  VisitUnitsBackward(root, UnitRegistry::Get(), seen, order);
+  WalkUnits(root, registry, /*reverse=*/true, seen, [&](FSDPUnit* unit, bool entered) {
+    order.backward.emplace_back(unit, entered);
+  });
   return order;
 }
 

@@ -59,15 +59,12 @@ std::vector<FSDPUnit*> UnitsUnder(torch::nn::Module& root);
 // orders every rank derives alike from the model's structure:
 //  - pre: a module before the modules inside it, children in registration
 //    order (the order a forward that calls them in that order enters them);
-//  - post: a module after the modules inside it (the order such a forward
-//    leaves them);
 //  - backward: a depth-first walk with the children in reverse, each unit
 //    listed when the walk enters it (entered = true) and when it leaves it:
 //    the order in which such a forward's backward enters units (their
 //    pre-backward) and finishes them (their gradients are complete).
 struct UnitTreeOrder {
   std::vector<FSDPUnit*> pre;
-  std::vector<FSDPUnit*> post;
   std::vector<std::pair<FSDPUnit*, bool>> backward;
 };
 UnitTreeOrder UnitsInTreeOrder(torch::nn::Module& root);
