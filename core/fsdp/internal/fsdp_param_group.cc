@@ -166,9 +166,8 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
     // then reuses the buffer freed at the last reshard. As large as the
     // reduction input (its contribution flags included, the tail unused
     // here), so that either one's freed buffer serves the other.
-    const int64_t flags = static_cast<int64_t>(params_.size());
     unsharded_ = internal::BufferPool::Get().empty(
-        {shard_world_ * (flat_numel_ + flags)}, compute_options_);
+        {shard_world_ * reduction_width()}, compute_options_);
     internal::FreeStorage(unsharded_);
   }
 }
@@ -254,7 +253,7 @@ void FSDPParamGroup::reshard() {
 // ------------------------------------------------------------------ reducing
 
 bool FSDPParamGroup::reduces() const {
-  if (!requires_grad_sync_ || (!shard_group_ && !replicate_group_)) return false;
+  if (!requires_grad_sync_ || !has_peers()) return false;
   for (const FSDPParam& p : params_) {
     if (p.requires_grad()) return true;
   }
@@ -288,7 +287,7 @@ at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
   no_sync_grads_.clear();
 
   const auto copy_start = std::chrono::steady_clock::now();
-  if (!shard_group_ && !replicate_group_) {
+  if (!has_peers()) {
     // One rank and no replicas: nothing to reduce, so no flat buffer.
     for (size_t i = 0; i < n; ++i) {
       FSDPParam& p = params_[i];
@@ -308,15 +307,14 @@ at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
 }
 
 void FSDPParamGroup::flush_local_grads() {
-  if (requires_grad_sync_ && !no_sync_grads_.empty() && !shard_group_ &&
-      !replicate_group_) {
+  if (requires_grad_sync_ && !no_sync_grads_.empty() && !has_peers()) {
     prepare_reduction({});
   }
 }
 
 void FSDPParamGroup::start_reduction(at::Tensor input) {
-  reduction_ = ReduceGrads(std::move(input), flat_numel_ + params_.size(),
-                           shard_group_, replicate_group_, data_parallel_size_);
+  reduction_ = ReduceGrads(std::move(input), reduction_width(), shard_group_,
+                           replicate_group_, data_parallel_size_);
   reduction_pending_ = true;
 }
 

@@ -114,6 +114,14 @@ class FSDPParamGroup {
   void reset_comm_wait_stats() { wait_stats_ = CommWaitStats(); }
 
  private:
+  // Whether another rank shares this unit's parameters (a shard group or
+  // replicas): else its gradients are not communicated.
+  bool has_peers() const { return shard_group_ != nullptr || replicate_group_ != nullptr; }
+  // A rank's row of the reduction: the flat shard, then one contribution
+  // flag per parameter (fsdp_collectives.h).
+  int64_t reduction_width() const {
+    return flat_numel_ + static_cast<int64_t>(params_.size());
+  }
   enum class State { kSharded, kUnshardPending, kUnsharded };
 
   std::vector<FSDPParam> params_;
