@@ -109,11 +109,10 @@ void Update(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
   });
 }
 
-bool Fusable(const at::Tensor& p, const at::Tensor& g) {
-  const auto type = p.scalar_type();
-  return (type == at::kFloat || type == at::kDouble) && p.device().is_cpu() &&
-         g.device().is_cpu() && g.scalar_type() == type && !g.is_sparse() &&
-         p.is_contiguous() && g.is_contiguous() && g.numel() == p.numel();
+// Whether `t` is a dense contiguous CPU tensor of `p`'s dtype and size.
+bool Alike(const at::Tensor& t, const at::Tensor& p) {
+  return t.device().is_cpu() && !t.is_sparse() && t.scalar_type() == p.scalar_type() &&
+         t.is_contiguous() && t.numel() == p.numel();
 }
 
 }  // namespace
@@ -124,9 +123,16 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     if (options.amsgrad()) return torch::optim::AdamW::step(std::move(closure));
     for (const at::Tensor& p : group.params()) {
-      if (p.grad().defined() && !Fusable(p, p.grad())) {
-        return torch::optim::AdamW::step(std::move(closure));
+      if (!p.grad().defined()) continue;
+      const auto type = p.scalar_type();
+      bool fusable = (type == at::kFloat || type == at::kDouble) && Alike(p, p) &&
+                     Alike(p.grad(), p);
+      auto found = state_.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      if (fusable && found != state_.end()) {  // a state loaded in another layout
+        const auto& state = static_cast<const torch::optim::AdamWParamState&>(*found->second);
+        fusable = Alike(state.exp_avg(), p) && Alike(state.exp_avg_sq(), p);
       }
+      if (!fusable) return torch::optim::AdamW::step(std::move(closure));
     }
   }
   at::NoGradGuard no_grad;
@@ -152,13 +158,6 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       auto& state = static_cast<torch::optim::AdamWParamState&>(*found->second);
       at::Tensor& exp_avg = state.exp_avg();
       at::Tensor& exp_avg_sq = state.exp_avg_sq();
-      if (!exp_avg.is_contiguous() || !exp_avg_sq.is_contiguous() ||
-          exp_avg.scalar_type() != p.scalar_type() ||
-          exp_avg_sq.scalar_type() != p.scalar_type()) {
-        // A state loaded in another layout: make it this parameter's.
-        exp_avg = exp_avg.to(p.scalar_type()).contiguous();
-        exp_avg_sq = exp_avg_sq.to(p.scalar_type()).contiguous();
-      }
       state.step(state.step() + 1);
       const double beta1 = std::get<0>(options.betas());
       const double beta2 = std::get<1>(options.betas());

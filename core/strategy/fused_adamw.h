@@ -13,9 +13,9 @@
 // (a rank's shard of the 85M GPT at N = 2) took 259 ms in LibTorch's AdamW
 // and 141 ms in this one.
 //
-// Parameters that are not dense, contiguous float or double CPU tensors
-// with a gradient of the same kind, or groups with amsgrad, take LibTorch's
-// own step.
+// When a parameter is not a dense, contiguous float or double CPU tensor
+// with a gradient (and a state, if it has one yet) of the same kind, or a
+// group has amsgrad, the whole step is LibTorch's own.
 #ifndef FSDP2_CORE_STRATEGY_FUSED_ADAMW_H_
 #define FSDP2_CORE_STRATEGY_FUSED_ADAMW_H_
 

@@ -99,6 +99,25 @@ TEST(FusedAdamW, AmsgradAndOtherLayoutsTakeLibTorchsStep) {
     reference.step();
   }
   EXPECT_TRUE(at::equal(strided, plain));
+  // A state in another layout (as a loaded one may be): LibTorch's step.
+  at::Tensor w = at::randn({4, 6}).requires_grad_(), w_ref = w.detach().clone().requires_grad_();
+  FusedAdamW fused_w({w}, torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW reference_w({w_ref}, torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor g = at::randn({4, 6});
+    w.mutable_grad() = g.clone();
+    w_ref.mutable_grad() = g.clone();
+    fused_w.step();
+    reference_w.step();
+    if (step == 0) {
+      for (auto* opt : std::vector<torch::optim::Optimizer*>{&fused_w, &reference_w}) {
+        auto& state = static_cast<torch::optim::AdamWParamState&>(
+            *opt->state().begin()->second);
+        state.exp_avg(state.exp_avg().t().contiguous().t());  // same values, transposed
+      }
+    }
+  }
+  EXPECT_TRUE(at::equal(w, w_ref));
   at::Tensor a = at::randn({5}).requires_grad_(), b = a.detach().clone().requires_grad_();
   FusedAdamW fused_ams({a}, torch::optim::AdamWOptions(1e-2).amsgrad(true));
   torch::optim::AdamW ams({b}, torch::optim::AdamWOptions(1e-2).amsgrad(true));
