@@ -7,6 +7,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <functional>
+
 namespace fsdp2 {
 namespace strategy {
 namespace {
@@ -86,49 +88,41 @@ TEST(FusedAdamW, EqualsLibTorchsAdamWBitForBit) {
   }
 }
 
-TEST(FusedAdamW, AmsgradAndOtherLayoutsTakeLibTorchsStep) {
-  at::Tensor strided = at::randn({4, 6}).t().requires_grad_();  // not contiguous
-  at::Tensor plain = strided.detach().clone().requires_grad_();
-  FusedAdamW fused({strided}, torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW reference({plain}, torch::optim::AdamWOptions(1e-2));
+// Steps FusedAdamW on `start` and LibTorch's AdamW on a copy (its layout
+// kept) with the same gradients, `edit` applied to both after the first
+// step; whether the parameters end bit-identical.
+bool SameAsLibTorch(const at::Tensor& start, const torch::optim::AdamWOptions& options,
+                    const std::function<void(torch::optim::Optimizer&)>& edit = nullptr) {
+  at::Tensor a = start.detach().clone().requires_grad_();
+  at::Tensor b = start.detach().clone().requires_grad_();
+  FusedAdamW fused({a}, options);
+  torch::optim::AdamW reference({b}, options);
   for (int step = 0; step < 3; ++step) {
-    at::Tensor g = at::randn({6, 4});
-    strided.mutable_grad() = g.clone();
-    plain.mutable_grad() = g.clone();
-    fused.step();
-    reference.step();
-  }
-  EXPECT_TRUE(at::equal(strided, plain));
-  // A state in another layout (as a loaded one may be): LibTorch's step.
-  at::Tensor w = at::randn({4, 6}).requires_grad_(), w_ref = w.detach().clone().requires_grad_();
-  FusedAdamW fused_w({w}, torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW reference_w({w_ref}, torch::optim::AdamWOptions(1e-2));
-  for (int step = 0; step < 3; ++step) {
-    at::Tensor g = at::randn({4, 6});
-    w.mutable_grad() = g.clone();
-    w_ref.mutable_grad() = g.clone();
-    fused_w.step();
-    reference_w.step();
-    if (step == 0) {
-      for (auto* opt : std::vector<torch::optim::Optimizer*>{&fused_w, &reference_w}) {
-        auto& state = static_cast<torch::optim::AdamWParamState&>(
-            *opt->state().begin()->second);
-        state.exp_avg(state.exp_avg().t().contiguous().t());  // same values, transposed
-      }
-    }
-  }
-  EXPECT_TRUE(at::equal(w, w_ref));
-  at::Tensor a = at::randn({5}).requires_grad_(), b = a.detach().clone().requires_grad_();
-  FusedAdamW fused_ams({a}, torch::optim::AdamWOptions(1e-2).amsgrad(true));
-  torch::optim::AdamW ams({b}, torch::optim::AdamWOptions(1e-2).amsgrad(true));
-  for (int step = 0; step < 3; ++step) {
-    at::Tensor g = at::randn({5});
+    at::Tensor g = at::randn(start.sizes());
     a.mutable_grad() = g.clone();
     b.mutable_grad() = g.clone();
-    fused_ams.step();
-    ams.step();
+    fused.step();
+    reference.step();
+    if (step == 0 && edit) {
+      edit(fused);
+      edit(reference);
+    }
   }
-  EXPECT_TRUE(at::equal(a, b));
+  return at::equal(a, b);
+}
+
+TEST(FusedAdamW, AmsgradAndOtherLayoutsTakeLibTorchsStep) {
+  const auto options = torch::optim::AdamWOptions(1e-2);
+  at::Tensor strided = at::randn({4, 6}).t();
+  ASSERT_FALSE(strided.detach().clone().is_contiguous());
+  EXPECT_TRUE(SameAsLibTorch(strided, options)) << "a non-contiguous parameter";
+  // A state in another layout (as a loaded one may be).
+  EXPECT_TRUE(SameAsLibTorch(at::randn({4, 6}), options, [](torch::optim::Optimizer& opt) {
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*opt.state().begin()->second);
+    state.exp_avg(state.exp_avg().t().contiguous().t());  // same values, transposed
+  })) << "a transposed state";
+  EXPECT_TRUE(SameAsLibTorch(at::randn({5}), torch::optim::AdamWOptions(1e-2).amsgrad(true)))
+      << "amsgrad";
 }
 
 TEST(MakeOptimizer, AdamWIsTheFusedOne) {
