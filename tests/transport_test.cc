@@ -86,6 +86,14 @@ void CheckCollectives(Transport& t, at::ScalarType dtype, int64_t n,
     Check(slice.equal(sum.narrow(0, r * n, n)),
           "reduce_scatter_flat algorithm " +
               std::to_string(static_cast<int>(algorithm)) + where);
+    // In place: the output is this rank's own slice of the input (the
+    // engine's gradient reduction).
+    at::Tensor input = Contribution(r, W * n, dtype);
+    at::Tensor own = input.narrow(0, r * n, n);
+    t.reduce_scatter_flat(own, input, algorithm);
+    Check(own.equal(sum.narrow(0, r * n, n)),
+          "reduce_scatter_flat in place, algorithm " +
+              std::to_string(static_cast<int>(algorithm)) + where);
   }
   at::Tensor reduced = Contribution(r, n, dtype).view({1, n});
   t.all_reduce(reduced, ReduceOp::kSum);

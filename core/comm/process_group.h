@@ -79,7 +79,10 @@ class ProcessGroup {
 
   // input (size() * n elements, contiguous) is summed elementwise across
   // ranks; output (n elements) receives slice rank() of the sum. `input` is
-  // used as scratch space and holds unspecified values afterwards.
+  // used as scratch space and holds unspecified values afterwards, except
+  // that output may be input's own slice (input.narrow(0, rank() * n, n)):
+  // the reduction then happens in place, on every transport, and needs no
+  // buffer of its own.
   CommHandle reduce_scatter_flat(
       at::Tensor output, at::Tensor input, Lane lane = Lane::kGradient,
       ReduceScatterAlgorithm algorithm = ReduceScatterAlgorithm::kAuto);

@@ -66,7 +66,7 @@ PendingReduction ReduceGrads(
         comm::Lane::kGradient, [output = out.output, dp] { output.div_(dp); });
     return out;
   }
-  out.output = internal::BufferPool::Get().empty({width}, input.options());
+  out.output = input.narrow(0, shard_group->rank() * width, width);
   comm::CommHandle scattered = shard_group->reduce_scatter_flat(out.output, input);
   out.done = shard_group->submit(
       comm::Lane::kGradient,

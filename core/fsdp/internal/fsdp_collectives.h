@@ -49,7 +49,8 @@ at::Tensor CopyInForReduce(const std::vector<FSDPParam>& params,
 
 // A gradient reduction in flight: `output` ([width], reduce dtype; width =
 // flat + the number of flags) holds this rank's reduced, averaged gradients
-// and the averaged contribution flags once `done` completes.
+// and the averaged contribution flags once `done` completes. It is this
+// rank's row of the reduction input, which it keeps alive.
 struct PendingReduction {
   at::Tensor output;
   comm::CommHandle done;
@@ -58,7 +59,9 @@ struct PendingReduction {
 // The reduction, on the gradient lane: reduce-scatter `input` ([world *
 // width]) over `shard_group` (null: one shard, `input` becomes the output),
 // sum over `replicate_group` (null: no replicas), divide by
-// `data_parallel_size`. At least one group is non-null. `input` is scratch
+// `data_parallel_size`. At least one group is non-null. The reduce-scatter
+// writes into this rank's own row of `input` (in place), so a reduction
+// holds one buffer, not an input and an output; the other rows are scratch
 // space afterwards.
 PendingReduction ReduceGrads(
     at::Tensor input, int64_t width,
