@@ -31,16 +31,30 @@ bool IsRankProcess() {
   return rank != nullptr && *rank != '\0';
 }
 
-std::string CpuFlags() {
+namespace {
+
+// The value of the first /proc/cpuinfo line whose key is `key`, or "".
+std::string CpuinfoValue(const std::string& key) {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpuinfo, line)) {
-    if (line.rfind("flags", 0) == 0) {
-      return " " + line.substr(line.find(':') + 1) + " ";
-    }
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || line.rfind(key, 0) != 0) continue;
+    if (line.find_first_not_of(" \t", key.size()) != colon) continue;
+    const size_t start = line.find_first_not_of(' ', colon + 1);
+    return start == std::string::npos ? "" : line.substr(start);
   }
-  return " ";
+  return "";
 }
+
+}  // namespace
+
+std::string CpuFlags() {
+  const std::string flags = CpuinfoValue("flags");
+  return flags.empty() ? " " : " " + flags + " ";
+}
+
+std::string CpuVendor() { return CpuinfoValue("vendor_id"); }
 
 std::map<std::string, std::string> CpuPerformanceEnv() {
   std::map<std::string, std::string> env;

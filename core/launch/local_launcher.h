@@ -54,6 +54,10 @@ bool IsRankProcess();
 // " " when unknown.
 std::string CpuFlags();
 
+// The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel",
+// "AuthenticAMD", ...); "" when unknown.
+std::string CpuVendor();
+
 // The environment LibTorch wants for fast CPU training here: the OpenBLAS
 // core type matching this CPU's vector units, when it can tell,
 // OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep instead of spinning between

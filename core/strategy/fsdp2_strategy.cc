@@ -49,35 +49,52 @@ fsdp::MixedPrecisionPolicy DefaultMixedPrecision() {
   return mp;
 }
 
-bool LowPrecisionIsEmulated(at::ScalarType dtype, const std::string& cpu_flags) {
+LowPrecisionSpeed LowPrecisionSpeedOn(at::ScalarType dtype,
+                                      const std::string& cpu_flags,
+                                      const std::string& cpu_vendor) {
   auto has = [&](const char* flag) {
     return cpu_flags.find(std::string(" ") + flag + " ") != std::string::npos;
   };
-  if (cpu_flags.find_first_not_of(' ') == std::string::npos) return false;  // unknown CPU
-  if (dtype == at::kBFloat16) return !has("avx512_bf16") && !has("amx_bf16");
-  if (dtype == at::kHalf) return !has("avx512_fp16") && !has("amx_fp16");
-  return false;
+  if (cpu_flags.find_first_not_of(' ') == std::string::npos) {
+    return LowPrecisionSpeed::kFaster;  // unknown CPU: nothing to say
+  }
+  if (dtype == at::kBFloat16) {
+    if (has("amx_bf16")) return LowPrecisionSpeed::kFaster;
+    if (!has("avx512_bf16")) return LowPrecisionSpeed::kEmulated;
+    return cpu_vendor == "GenuineIntel" ? LowPrecisionSpeed::kNoFaster
+                                        : LowPrecisionSpeed::kFaster;
+  }
+  if (dtype == at::kHalf && !has("avx512_fp16") && !has("amx_fp16")) {
+    return LowPrecisionSpeed::kEmulated;
+  }
+  return LowPrecisionSpeed::kFaster;
 }
 
 namespace {
 
-// bf16 (or fp16) compute is fast on CPUs with native support (AVX512-BF16,
-// AMX): 1024 x 768 x 3072 matmuls at 3x fp32's rate on one core measured
-// here. Without it oneDNN and ATen emulate it, and a GPT step in bf16 was
-// measured 13x slower than in fp32 on an AVX2 CPU, so the default precision
-// (bf16) would make training slow where a user least expects it. Rank 0
-// says so once; the policy stays as asked.
-void WarnIfLowPrecisionIsEmulated(const fsdp::MixedPrecisionPolicy& mp, int rank) {
+// Rank 0 says once when the policy's compute dtype would train slower than
+// fp32 here (see LowPrecisionSpeedOn); the policy stays as asked.
+void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank) {
   if (rank != 0 || !mp.param_dtype) return;
   const at::ScalarType dtype = *mp.param_dtype;
-  if (!LowPrecisionIsEmulated(dtype, launch::CpuFlags())) return;
-  std::cerr << "fsdp2: warning: " << (dtype == at::kBFloat16 ? "bf16" : "fp16")
-            << " compute has no native support on this CPU (no "
-            << (dtype == at::kBFloat16 ? "AVX512-BF16 or AMX-BF16" : "AVX512-FP16 or AMX-FP16")
-            << ") and runs emulated, measured up to 13x slower than fp32; "
-               "choose fp32 precision (C ABI: FSDP2_PRECISION_FP32, Python/Java "
-               "precision \"fp32\", C++: an empty MixedPrecisionPolicy) unless you "
-               "need it\n";
+  const bool bf16 = dtype == at::kBFloat16;
+  const LowPrecisionSpeed speed =
+      LowPrecisionSpeedOn(dtype, launch::CpuFlags(), launch::CpuVendor());
+  if (speed == LowPrecisionSpeed::kFaster) return;
+  std::cerr << "fsdp2: warning: ";
+  if (speed == LowPrecisionSpeed::kEmulated) {
+    std::cerr << (bf16 ? "bf16" : "fp16")
+              << " compute has no native support on this CPU (no "
+              << (bf16 ? "AVX512-BF16 or AMX-BF16" : "AVX512-FP16 or AMX-FP16")
+              << ") and runs emulated, measured up to 13x slower than fp32";
+  } else {
+    std::cerr << "bf16 compute is no faster than fp32 on this CPU (AVX512-BF16 "
+                 "without AMX on an Intel CPU: bf16 matmuls measured at 0.6x "
+                 "and a GPT step at 0.7x of fp32's speed)";
+  }
+  std::cerr << "; choose fp32 precision (C ABI: FSDP2_PRECISION_FP32, "
+               "Python/Java precision \"fp32\", C++: an empty "
+               "MixedPrecisionPolicy) unless you need it\n";
 }
 
 }  // namespace
@@ -308,7 +325,7 @@ void FSDP2Strategy::parallelize() {
     fsdp_options.shard_dim = "dp";
     fsdp_options.replicate_dim = "dp";
   }
-  WarnIfLowPrecisionIsEmulated(fsdp_options.mp_policy, world_->rank());
+  WarnIfLowPrecisionIsSlow(fsdp_options.mp_policy, world_->rank());
   const ParallelizeFn& fn =
       options_.parallelize_fn ? options_.parallelize_fn : DefaultParallelize;
   if (tp_size_ > 1 && fsdp::has_deferred_tensors(*module_->module())) {

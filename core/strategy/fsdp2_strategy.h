@@ -81,13 +81,28 @@ void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
 // gradient reduction, fp32 outputs.
 fsdp::MixedPrecisionPolicy DefaultMixedPrecision();
 
-// Whether `dtype` (bf16 or fp16) compute runs emulated on a CPU with these
-// /proc/cpuinfo flags (launch::CpuFlags(): " flag flag ... "): bf16 is
-// native with AVX512-BF16 or AMX-BF16, fp16 with AVX512-FP16 or AMX-FP16.
-// False for other dtypes and for an unknown CPU (no flags). parallelize()
-// warns on rank 0 when the policy's param_dtype would run emulated (measured
-// up to 13x slower than fp32 on an AVX2 CPU).
-bool LowPrecisionIsEmulated(at::ScalarType dtype, const std::string& cpu_flags);
+// How compute in `dtype` (bf16 or fp16) compares with fp32 on a CPU with
+// these /proc/cpuinfo flags (launch::CpuFlags(): " flag flag ... ") and
+// vendor (launch::CpuVendor()):
+//  kEmulated  no native instructions (bf16: AVX512-BF16 or AMX-BF16; fp16:
+//             AVX512-FP16 or AMX-FP16): a GPT step in bf16 was measured 13x
+//             slower than in fp32 on an AVX2 CPU;
+//  kNoFaster  bf16 on an Intel CPU with AVX512-BF16 but no AMX-BF16 (Cooper
+//             Lake, or a newer Xeon whose hypervisor hides AMX): its bf16 dot
+//             product does the work of its two fp32 FMA units and no more;
+//             oneDNN's bf16 matmuls ran at 0.6x of OpenBLAS's fp32 (80
+//             against 122-142 GFLOP/s on one core of a Xeon model 207) and
+//             a GPT step at 0.7x of fp32's speed;
+//  kFaster    otherwise: AMX, or AVX512-BF16 on AMD (Zen 4, whose fp32 units
+//             are 256 bits wide: bf16 matmuls at 3x fp32 measured); also
+//             other dtypes and an unknown CPU (no flags), of which nothing
+//             is claimed.
+// parallelize() warns on rank 0 when the policy's param_dtype is not
+// kFaster; the policy stays as asked.
+enum class LowPrecisionSpeed { kFaster, kNoFaster, kEmulated };
+LowPrecisionSpeed LowPrecisionSpeedOn(at::ScalarType dtype,
+                                      const std::string& cpu_flags,
+                                      const std::string& cpu_vendor);
 
 struct FSDP2StrategyOptions {
   // The (dp, tp) device mesh: data_parallel_size x tensor_parallel_size
