@@ -44,8 +44,13 @@ TEST(LowPrecision, Bf16IsNoFasterOnIntelWithoutAmx) {
             LowPrecisionSpeed::kFaster);
   EXPECT_EQ(LowPrecisionSpeedOn(at::kBFloat16, " avx2 amx_bf16 ", kIntel),
             LowPrecisionSpeed::kFaster);
+  // A CPU of unknown vendor is not judged by Intel's units.
+  EXPECT_EQ(LowPrecisionSpeedOn(at::kBFloat16, xeon, ""),
+            LowPrecisionSpeed::kFaster);
   // fp16 is judged by its own instructions only.
   EXPECT_EQ(LowPrecisionSpeedOn(at::kHalf, xeon, kIntel),
+            LowPrecisionSpeed::kFaster);
+  EXPECT_EQ(LowPrecisionSpeedOn(at::kHalf, " avx2 amx_bf16 amx_fp16 ", kIntel),
             LowPrecisionSpeed::kFaster);
 }
 
