@@ -1,7 +1,8 @@
 // fsdp2/core/fsdp/internal/buffer_pool.h
 //
 // BufferPool: where the engine's unit-sized host buffers come from — the
-// unsharded parameters of a unit, its gradient reduction input and output.
+// unsharded parameters of a unit and its gradient reduction input (the
+// reduction's output is the input's own row).
 // Every step asks for the same sizes again (one per unit shape), so a freed
 // buffer is kept and handed out again for the next request of exactly its
 // size: steady-state training allocates none of them anew, and their pages
