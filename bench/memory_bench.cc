@@ -23,6 +23,13 @@
 // and with every block checkpointed, side by side: the peaks (train and
 // per phase), the median step time (wall, and the training thread's CPU
 // time, which a loaded machine disturbs less), and with / without for each.
+// With --ac-rounds R > 1 the pair runs R times: the peak ratio of every
+// round is printed, and the largest is the one reported.
+//
+// Between steps the gradients are zeroed in place (LibTorch 1.13's
+// Optimizer::zero_grad(), and what FSDP2Strategy does), or with
+// --grads-to-none 1 set to none (the default of PyTorch 2's and LibTorch
+// 2's zero_grad): then the sharded gradients are not held through forward.
 //
 //   bazel run //bench:memory -- --quick 1
 //   bazel run //bench:memory
@@ -91,6 +98,8 @@ int RunRank(flags::Flags& flags) {
   const int64_t global_batch = flags.Int("global-batch", 4, "sequences per step, all ranks");
   const int steps = flags.Int("steps", 3, "training steps");
   const int ac = flags.Int("ac", 0, "1: checkpoint every block's activations");
+  const bool grads_to_none =
+      flags.Int("grads-to-none", 0, "1: set gradients to none between steps") != 0;
   flags.Finish();
   const char* threads = std::getenv("FSDP2_THREADS");
   at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
@@ -149,7 +158,11 @@ int RunRank(flags::Flags& flags) {
     this_step_s = this_step_cpu_s = 0;
     at::Tensor loss;
     phase(0, [&] {
-      optimizer->zero_grad();
+      if (grads_to_none) {
+        for (at::Tensor& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      } else {
+        optimizer->zero_grad();
+      }
       loss = module.training_step({x, y}, step);
     });
     phase(1, [&] {
@@ -198,9 +211,11 @@ int RunRank(flags::Flags& flags) {
 }
 
 void RunShardingTable(const models::GPTConfig& config, const std::vector<int64_t>& nprocs,
-                      int steps, int64_t global_batch, int cores, const std::string& self);
+                      int steps, int64_t global_batch, int cores, const std::string& self,
+                      const std::vector<std::string>& common);
 void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t rows,
-                           int steps, int rounds, int cores, const std::string& self);
+                           int steps, int rounds, int cores, const std::string& self,
+                           const std::vector<std::string>& common);
 
 int RunParent(flags::Flags& flags, const std::string& self) {
   const bool quick = flags.Int("quick", 0, "1: fewer steps") != 0;
@@ -214,14 +229,20 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   const int ac_steps = flags.Int("ac-steps", quick ? 4 : 6, "activation checkpointing: steps");
   const bool ac_only = flags.Int("ac-only", 0, "1: only the activation checkpointing part") != 0;
   const int ac_rounds = flags.Int("ac-rounds", 1, "activation checkpointing: rounds (time: median)");
+  const int grads_to_none = flags.Int(
+      "grads-to-none", 0, "1: set gradients to none between steps, not zero them in place");
   flags.Finish();
   const int cores = Cores();
-  if (!ac_only) RunShardingTable(config, nprocs, steps, global_batch, cores, self);
+  const std::vector<std::string> common = {"--grads-to-none", grads_to_none ? "1" : "0"};
+  if (grads_to_none) {
+    std::printf("gradients set to none between steps (--grads-to-none 1)\n");
+  }
+  if (!ac_only) RunShardingTable(config, nprocs, steps, global_batch, cores, self, common);
   if (ac_nproc > 0) {
     models::GPTConfig ac_config = config;
     ac_config.block_size = ac_block;
     RunCheckpointingTable(ac_config, ac_nproc, ac_rows, ac_steps, std::max(1, ac_rounds),
-                          cores, self);
+                          cores, self, common);
   }
   std::printf("\nload at the end: %s\n", LoadAverage().c_str());
   return 0;
@@ -229,7 +250,8 @@ int RunParent(flags::Flags& flags, const std::string& self) {
 
 // FULL_SHARD against NO_SHARD at each N.
 void RunShardingTable(const models::GPTConfig& config, const std::vector<int64_t>& nprocs,
-                      int steps, int64_t global_batch, int cores, const std::string& self) {
+                      int steps, int64_t global_batch, int cores, const std::string& self,
+                      const std::vector<std::string>& common) {
   std::printf("memory bench: GPT n_layer %lld n_embd %lld n_head %lld block %lld vocab %lld; "
               "AdamW fp32; global batch %lld; %d steps; load %s\n",
               (long long)config.n_layer, (long long)config.n_embd, (long long)config.n_head,
@@ -248,6 +270,7 @@ void RunShardingTable(const models::GPTConfig& config, const std::vector<int64_t
       std::vector<std::string> args = {"--strategy", strategy, "--steps", std::to_string(steps),
                                        "--global-batch", std::to_string(global_batch)};
       for (const auto& a : GPTConfigArgs(config)) args.push_back(a);
+      args.insert(args.end(), common.begin(), common.end());
       Results r = RunConfiguration(self, n, std::max(1, cores / n), args);
       const std::string label = std::string(fsdp::ToString(
                                     fsdp::ParseShardingStrategy(strategy))) +
@@ -283,10 +306,13 @@ void RunShardingTable(const models::GPTConfig& config, const std::vector<int64_t
 
 // FULL_SHARD on `nproc` ranks without and with every block checkpointed,
 // alternating for `rounds` rounds (so that load changes hit both alike):
-// each round's peaks (they repeat exactly) and step time, then the median
-// step time of each and the ratios.
+// each round's peaks and step time, then the median step time of each and
+// the ratios. The peaks differ between rounds by up to a unit buffer (the
+// allocator's page heap may grow when a buffer finds no free span of its
+// size), so each round's peak ratio is printed and the largest reported.
 void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t rows,
-                           int steps, int rounds, int cores, const std::string& self) {
+                           int steps, int rounds, int cores, const std::string& self,
+                           const std::vector<std::string>& common) {
   std::printf("\nactivation checkpointing: GPT n_layer %lld n_embd %lld, FULL_SHARD N=%d, "
               "%lld rows x %lld tokens per rank, fp32 AdamW, %d steps, %d round(s) (step "
               "time: median of the steps after the first two, slowest rank); load %s\n"
@@ -296,7 +322,7 @@ void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t r
               "configuration", "peak train", "fwd", "bwd", "step", "baseline", "step time",
               "cpu time");
   std::fflush(stdout);
-  Results first[2];
+  std::vector<Results> runs[2];
   std::vector<double> times[2], cpu[2];
   for (int round = 0; round < rounds; ++round) {
     for (int ac : {0, 1}) {
@@ -304,8 +330,9 @@ void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t r
                                        std::to_string(steps), "--global-batch",
                                        std::to_string(rows * nproc), "--ac", std::to_string(ac)};
       for (const auto& a : GPTConfigArgs(config)) args.push_back(a);
+      args.insert(args.end(), common.begin(), common.end());
       Results r = RunConfiguration(self, nproc, std::max(1, cores / nproc), args);
-      if (round == 0) first[ac] = r;
+      runs[ac].push_back(r);
       times[ac].push_back(Value(r, "step_s"));
       cpu[ac].push_back(Value(r, "step_cpu_s"));
       std::printf("%-18s %10.1f %8.1f %8.1f %8.1f %9.1f %8.3f s %8.3f s\n",
@@ -316,10 +343,24 @@ void RunCheckpointingTable(const models::GPTConfig& config, int nproc, int64_t r
       std::fflush(stdout);
     }
   }
-  auto ratio = [&](const char* key, bool minus_baseline) {
-    const double a = Value(first[1], key) - (minus_baseline ? Value(first[1], "baseline") : 0);
-    const double b = Value(first[0], key) - (minus_baseline ? Value(first[0], "baseline") : 0);
+  // The round with the largest peak ratio stands for all.
+  auto round_ratio = [&](size_t round, const char* key, bool minus_baseline) {
+    const Results& with = runs[1][round];
+    const Results& without = runs[0][round];
+    const double a = Value(with, key) - (minus_baseline ? Value(with, "baseline") : 0);
+    const double b = Value(without, key) - (minus_baseline ? Value(without, "baseline") : 0);
     return a / b;
+  };
+  size_t worst = 0;
+  if (rounds > 1) std::printf("  peak train with / without, by round:");
+  for (size_t round = 0; round < runs[1].size(); ++round) {
+    const double r = round_ratio(round, "peak_train", false);
+    if (rounds > 1) std::printf(" %.3f", r);
+    if (r > round_ratio(worst, "peak_train", false)) worst = round;
+  }
+  if (rounds > 1) std::printf(" (the largest, round %zu, below)\n", worst + 1);
+  auto ratio = [&](const char* key, bool minus_baseline) {
+    return round_ratio(worst, key, minus_baseline);
   };
   std::printf("  with / without: peak train %.3f (above baseline %.3f), backward peak %.3f; "
               "median step time %.3f s / %.3f s = %.3f; training thread's CPU time %.3f s / "
