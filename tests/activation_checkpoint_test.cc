@@ -485,6 +485,7 @@ struct PoolLayerImpl : torch::nn::Module {
   // then, when the backward through the recomputed graph begins, the other
   // units' unsharded bytes again.
   int64_t own_unsharded = -1, others_unsharded = -1, pool_kept = -1;
+  int64_t lent_at_recompute = -1;  // the pool's lends so far, this one's included
   int64_t others_unsharded_in_backward = -1;
 };
 TORCH_MODULE(PoolLayer);
@@ -519,6 +520,7 @@ at::Tensor PoolLayerImpl::forward(const at::Tensor& x) {
     own_unsharded = fsdp::memory_stats(*this).unsharded_param_bytes;
     others_unsharded = OthersUnsharded(*this);
     pool_kept = fsdp::buffer_pool_stats().kept_bytes;
+    lent_at_recompute = fsdp::buffer_pool_stats().lent;
     out.register_hook([this](const at::Tensor& grad) {
       others_unsharded_in_backward = OthersUnsharded(*this);
       return grad;
@@ -528,14 +530,18 @@ at::Tensor PoolLayerImpl::forward(const at::Tensor& x) {
 }
 
 // args: none. FULL_SHARD, every layer checkpointed: while a unit recomputes,
-// the pool keeps no idle buffer of its own making and no other unit is
-// unsharded, and none is while it computes its gradients either (the next
+// the pool keeps no idle buffer (the idle one is lent to the recomputation)
+// and no other unit is unsharded, and none is while it computes its gradients either (the next
 // unit's prefetch waits for this unit's reduction); training still matches
 // training without checkpointing.
 FSDP2_SCENARIO(ac_backward_buffers) {
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
   std::vector<double> losses[2];
   for (int ac : {0, 1}) {
+    // What training without checkpointing kept (a third buffer: its
+    // backward holds a reduction beside a unit and its prefetch) is not
+    // the checkpointed run's.
+    fsdp::release_buffer_pool();
     torch::manual_seed(3);
     PoolNet net;
     net->to(at::kDouble);
@@ -546,6 +552,7 @@ FSDP2_SCENARIO(ac_backward_buffers) {
     auto gen = at::detail::createCPUGenerator(20 + world->rank());
     for (int step = 0; step < 3; ++step) {
       at::Tensor x = at::randn({4, 512}, gen, at::kDouble);
+      const int64_t lent_at_step_start = fsdp::buffer_pool_stats().lent;
       sgd.zero_grad();
       at::Tensor loss = fsdp::forward(net, x).pow(2).mean();
       g_pool_net = net.get();
@@ -564,15 +571,17 @@ FSDP2_SCENARIO(ac_backward_buffers) {
         Check(layer.others_unsharded_in_backward == 0,
               which + ": another unit is unsharded while it computes its gradients (" +
                   std::to_string(layer.others_unsharded_in_backward) + " bytes)");
-        // The first unit in backward has no reduction in flight before it;
-        // the others may see the reduction input of the unit before them
-        // come back from the communication thread (at most one buffer: the
-        // unit's size, padded to whole rows of the world's shards).
-        const int64_t padded = layer.own_unsharded + 64 * world->size();
-        const int64_t allowed = i + 1 == net->layers.size() ? 0 : padded;
-        Check(layer.pool_kept <= allowed, which + ": the pool keeps " +
-                                              std::to_string(layer.pool_kept) +
-                                              " idle bytes while it recomputes");
+        // The reduction of the unit before has finished, and the idle
+        // buffer is lent to this unit's recomputation (RecomputeArena).
+        Check(layer.pool_kept == 0, which + ": the pool keeps " +
+                                        std::to_string(layer.pool_kept) +
+                                        " idle bytes while it recomputes");
+        // Each recomputation borrowed a buffer of its own (backward runs
+        // the layers last to first).
+        const int64_t lent_before =
+            i + 1 == net->layers.size() ? lent_at_step_start : net->layers[i + 1]->lent_at_recompute;
+        Check(layer.lent_at_recompute > lent_before,
+              which + ": no pool buffer was lent to its recomputation");
       }
     }
   }

@@ -195,7 +195,9 @@ TEST(FullyShard, ShardLayoutAndStateDictOnManyRanks) {
 // Steady-state training takes no unit-sized buffer from the system: from
 // the second step on, every unsharded buffer and reduction buffer is one
 // the engine's pool kept from the step before, and none stays in use
-// between steps.
+// between steps. args: strategy, then "ac" to checkpoint every block: then
+// each block's recomputation borrows an idle kept buffer too (one lend per
+// block and step where one is idle), and that changes none of the above.
 FSDP2_SCENARIO(steady_state_buffers) {
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
   torch::manual_seed(5);
@@ -208,12 +210,15 @@ FSDP2_SCENARIO(steady_state_buffers) {
   o.strategy = fsdp::ParseShardingStrategy(args.at(0));
   for (size_t i = 0; i < gpt->blocks->size(); ++i) fsdp::fully_shard(gpt->block(i), o);
   fsdp::fully_shard(gpt, o);
+  const bool ac = args.size() > 1 && args.at(1) == "ac";
+  if (ac) fsdp::apply_activation_checkpointing(*gpt, fsdp::ActivationCheckpointing::Full());
   torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(1e-3));
   const auto tokens = TokenWindows(config.vocab_size, 2);
   // The first step runs without forward prefetch (no order known yet), so
   // the second may hold one more buffer at once; from then on, none is new.
   fsdp::BufferPoolStats after_second;
   for (int step = 0; step < 5; ++step) {
+    const int64_t lent_before = fsdp::buffer_pool_stats().lent;
     opt.zero_grad();
     models::LanguageModelLoss(fsdp::forward(gpt, tokens[0]), tokens[1]).backward();
     opt.step();
@@ -221,6 +226,17 @@ FSDP2_SCENARIO(steady_state_buffers) {
     Check(stats.in_use_bytes == 0, "step " + std::to_string(step) + ": " +
                                        std::to_string(stats.in_use_bytes) +
                                        " pooled bytes still in use between steps");
+    const int64_t lent = stats.lent - lent_before;
+    // Under SHARD_GRAD_OP every unit still holds its parameters from
+    // forward when backward begins: the first block to recompute finds no
+    // idle buffer, and its activations go to the process allocator.
+    const int64_t blocks = static_cast<int64_t>(gpt->blocks->size());
+    const int64_t want_lent = !ac ? 0 : args.at(0) == "shard_grad_op" ? blocks - 1 : blocks;
+    if (step > 0) {
+      Check(lent == want_lent, "step " + std::to_string(step) + " lent " + std::to_string(lent) +
+                                   " buffers to recomputations, expected " +
+                                   std::to_string(want_lent));
+    }
     if (step == 0) {
       Check(stats.allocations > 0, "the first step takes its buffers from the system");
     } else if (step == 1) {
@@ -241,6 +257,10 @@ TEST(FullyShard, SteadyStateTrainingAllocatesNoUnitBuffers) {
   for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"}) {
     auto r = LaunchScenario("steady_state_buffers", 2, {strategy}, std::chrono::seconds(120));
     EXPECT_TRUE(r.ok()) << strategy << "\n" << r.Describe();
+  }
+  for (const char* strategy : {"full_shard", "shard_grad_op"}) {
+    auto r = LaunchScenario("steady_state_buffers", 2, {strategy, "ac"}, std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << strategy << " with activation checkpointing\n" << r.Describe();
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include "core/fsdp/internal/fsdp_param.h"
 #include "core/fsdp/internal/fsdp_unit.h"
+#include "core/fsdp/internal/recompute_arena.h"
 #include "core/fsdp/internal/unit_registry.h"
 
 namespace fsdp2 {
@@ -191,6 +192,14 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       inputs.push_back(std::move(x));
     }
 
+    // An FSDP unit's recomputed activations, then its gradients, go into an
+    // idle buffer of the engine's pool, which returns whole once the unit's
+    // post-backward has copied the gradients out. Only for units: their
+    // parameter gradients go to that copy, not into .grad.
+    std::shared_ptr<FSDPUnit> unit = region->unit.lock();
+    c10::optional<internal::RecomputeArena::Scope> arena;
+    if (unit) arena.emplace();
+
     // Recompute with the generators as the forward found them, then let
     // them continue from where they are now.
     std::vector<at::Tensor> outputs;
@@ -201,10 +210,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       RegionGuard guard(region->module);
       outputs = region->run(inputs);
     }
-    // The unit's backward comes next: let it free what the reductions in
-    // flight hold and prefetch the next unit now, not while the
-    // recomputation was building its activations.
-    if (auto unit = region->unit.lock()) unit->post_recompute();
+    // The unit's backward comes next: the reductions still in flight
+    // finish and the ready ones start (the next unit's prefetch waits for
+    // this unit's post-backward). What that allocates is not for the arena.
+    if (unit) {
+      internal::RecomputeArena::Outside outside;
+      unit->post_recompute();
+    }
     if (outputs.size() != grad_outputs.size()) {
       throw InternalError("activation checkpointing: the recomputation of '" +
                           region->name + "' gave " + std::to_string(outputs.size()) +
@@ -240,6 +252,14 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
                                                   /*create_graph=*/false,
                                                   /*allow_unused=*/true);
       for (size_t k = 0; k < grads.size(); ++k) result[slot[k]] = std::move(grads[k]);
+    }
+    roots.clear();
+    outputs.clear();
+    arena.reset();
+    // The gradients passed on to the inputs outlive this unit's backward:
+    // out of the lent buffer with them.
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (internal::RecomputeArena::Holds(result[i])) result[i] = result[i].clone();
     }
     return result;
   }
@@ -314,6 +334,7 @@ std::string ActivationCheckpointing::ToString() const {
 
 void checkpoint_module(const std::shared_ptr<torch::nn::Module>& module, bool enabled) {
   if (!module) throw InvalidArgumentError("checkpoint_module: module is null");
+  if (enabled) internal::RecomputeArena::Install();
   CheckpointRegistry::Get().set(module, enabled);
 }
 

@@ -39,6 +39,9 @@ struct BufferPoolStats {
   int64_t reuses = 0;        // requests served by a kept buffer
   int64_t in_use_bytes = 0;  // handed out, not yet freed
   int64_t kept_bytes = 0;    // freed, kept for the next request of their size
+  int64_t lent = 0;          // kept buffers lent to checkpointed units'
+                             // recomputations (their activations and
+                             // gradients), back when those are freed
 };
 
 }  // namespace fsdp

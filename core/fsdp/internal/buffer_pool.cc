@@ -45,22 +45,26 @@ at::DataPtr BufferPool::allocate(size_t nbytes) const {
 void BufferPool::Return(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
   BufferPool& pool = Get();
-  {
-    std::lock_guard<std::mutex> lock(pool.mu_);
-    pool.stats_.in_use_bytes -= static_cast<int64_t>(block->nbytes);
-    if (pool.keep_returned_) {
-      pool.free_[block->nbytes].push_back(block);
-      pool.stats_.kept_bytes += static_cast<int64_t>(block->nbytes);
-      return;
-    }
-  }
-  c10::free_cpu(block->data);
-  delete block;
+  std::lock_guard<std::mutex> lock(pool.mu_);
+  pool.stats_.in_use_bytes -= static_cast<int64_t>(block->nbytes);
+  pool.free_[block->nbytes].push_back(block);
+  pool.stats_.kept_bytes += static_cast<int64_t>(block->nbytes);
 }
 
-void BufferPool::keep_returned(bool keep) {
+at::DataPtr BufferPool::lend_largest_idle(size_t* nbytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  keep_returned_ = keep;
+  for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+    if (it->second.empty()) continue;
+    Block* block = it->second.back();
+    it->second.pop_back();
+    ++stats_.lent;
+    stats_.kept_bytes -= static_cast<int64_t>(block->nbytes);
+    stats_.in_use_bytes += static_cast<int64_t>(block->nbytes);
+    *nbytes = block->nbytes;
+    return at::DataPtr(block->data, block, &BufferPool::Return, at::Device(at::kCPU));
+  }
+  *nbytes = 0;
+  return at::DataPtr();
 }
 
 at::Tensor BufferPool::empty(at::IntArrayRef sizes, const at::TensorOptions& options) {

@@ -11,11 +11,10 @@
 // What the pool keeps is bounded by what the engine used at once: a buffer
 // comes back to the pool only when the tensor holding it is freed, and only
 // a request of its size takes it out again. release() returns the kept
-// buffers to the system (fsdp::release_buffer_pool()); a checkpointed
-// unit's backward does so before and after its recomputation, and keeps
-// nothing that comes back during it, so that the recomputed activations and
-// then its gradients reuse that memory (FSDPRootState::enter_backward and
-// after_recompute).
+// buffers to the system (fsdp::release_buffer_pool()). A checkpointed
+// unit's backward borrows an idle buffer for its recomputed activations
+// and gradients (lend_largest_idle, RecomputeArena), so that memory serves
+// them without going through the process allocator, and comes back whole.
 //
 // Requests under kMinPooledBytes and tensors on other devices use the
 // default allocators. Thread-safe: buffers are freed on communication
@@ -57,11 +56,9 @@ class BufferPool final : public c10::Allocator {
 
   // Frees every kept buffer now. Buffers in use are kept again when freed.
   void release();
-  // While `keep` is false, a buffer that comes back is freed at once
-  // instead of kept (a checkpointed unit's recomputation: the memory of a
-  // reduction that finishes meanwhile is for its activations). True at
-  // start.
-  void keep_returned(bool keep);
+  // The largest kept buffer, now in use (its size in *nbytes); an empty
+  // DataPtr if none is kept. It comes back to the pool when freed.
+  at::DataPtr lend_largest_idle(size_t* nbytes);
 
   BufferPoolStats stats() const;
 
@@ -72,7 +69,6 @@ class BufferPool final : public c10::Allocator {
   struct Block;
   mutable std::mutex mu_;
   mutable std::map<size_t, std::vector<Block*>> free_;  // by size
-  bool keep_returned_ = true;
   mutable BufferPoolStats stats_;
 };
 

@@ -1,6 +1,6 @@
 // BufferPool without ranks: a freed buffer is handed out again for the next
-// request of its size, small requests bypass it, and release() frees what
-// it keeps.
+// request of its size, small requests bypass it, the largest idle one can
+// be lent, and release() frees what it keeps.
 #include "core/fsdp/internal/buffer_pool.h"
 
 #include <ATen/ATen.h>
@@ -50,22 +50,28 @@ TEST(BufferPool, SmallRequestsUseTheDefaultAllocator) {
   EXPECT_EQ(after.kept_bytes, before.kept_bytes);
 }
 
-// While returned buffers are not kept (a checkpointed unit recomputing),
-// one that comes back is freed at once; kept buffers stay until release().
-TEST(BufferPool, NotKeepingFreesWhatComesBack) {
+// lend_largest_idle hands out the largest kept buffer, which comes back
+// when freed; with none kept it hands out nothing.
+TEST(BufferPool, LendsTheLargestIdleBuffer) {
   BufferPool& pool = BufferPool::Get();
   pool.release();
-  { at::DataPtr kept = pool.allocate(kBig); }
-  at::DataPtr in_use = pool.allocate(2 * kBig);
-  pool.keep_returned(false);
-  in_use.clear();
-  EXPECT_EQ(pool.stats().kept_bytes, int64_t{kBig});
-  EXPECT_EQ(pool.stats().in_use_bytes, 0);
-  { at::DataPtr again = pool.allocate(kBig); }  // the kept one, then freed
-  EXPECT_EQ(pool.stats().kept_bytes, 0);
-  pool.keep_returned(true);
-  { at::DataPtr p = pool.allocate(kBig); }
-  EXPECT_EQ(pool.stats().kept_bytes, int64_t{kBig});
+  size_t nbytes = 1;
+  EXPECT_FALSE(pool.lend_largest_idle(&nbytes));
+  EXPECT_EQ(nbytes, 0u);
+  void* large = nullptr;
+  {
+    at::DataPtr a = pool.allocate(kBig);
+    at::DataPtr b = pool.allocate(2 * kBig);
+    large = b.get();
+  }
+  {
+    at::DataPtr lent = pool.lend_largest_idle(&nbytes);
+    EXPECT_EQ(lent.get(), large);
+    EXPECT_EQ(nbytes, 2 * kBig);
+    EXPECT_EQ(pool.stats().kept_bytes, int64_t{kBig});
+    EXPECT_EQ(pool.stats().in_use_bytes, int64_t{2 * kBig});
+  }
+  EXPECT_EQ(pool.stats().kept_bytes, int64_t{3 * kBig});
   pool.release();
 }
 

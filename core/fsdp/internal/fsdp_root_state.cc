@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <string>
 
-#include "core/fsdp/internal/buffer_pool.h"
 #include "core/fsdp/internal/fsdp_param_group.h"
 #include "core/fsdp/internal/fsdp_unit.h"
 
@@ -162,12 +161,10 @@ void FSDPRootState::enter_backward(FSDPUnit* unit, bool defer_rest) {
   }
   unit->param_group().wait_unshard();
   if (defer_rest) {
-    // The recomputation allocates the unit's activations next: let it reuse
-    // what the pool keeps idle (buffers of finished reductions and
-    // unshards), and what the reduction in flight frees meanwhile, instead
-    // of growing the heap beside them (after_recompute keeps again).
-    internal::BufferPool::Get().release();
-    internal::BufferPool::Get().keep_returned(false);
+    // The recomputation comes next: finish the reductions in flight, so
+    // that no reduction buffer is held beside the recomputed activations
+    // and the last one is idle for them to borrow (RecomputeArena).
+    finish_reductions_beyond(0);
     return;
   }
   issue_in_order(kAll, /*force=*/false);  // prefetch, reductions that can go
@@ -175,8 +172,6 @@ void FSDPRootState::enter_backward(FSDPUnit* unit, bool defer_rest) {
 
 void FSDPRootState::after_recompute() {
   finish_reductions_beyond(0);
-  internal::BufferPool::Get().release();
-  internal::BufferPool::Get().keep_returned(true);
   issue_in_order(kAll, /*force=*/false, /*prefetch=*/false);
 }
 
@@ -212,7 +207,6 @@ void FSDPRootState::finish_reductions_beyond(size_t keep) {
 
 void FSDPRootState::end_backward() {
   end_of_backward_queued_ = false;
-  internal::BufferPool::Get().keep_returned(true);  // after a recomputation that threw
   issue_in_order(kAll, /*force=*/true);
   ops_.clear();
   next_op_ = 0;
