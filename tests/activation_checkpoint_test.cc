@@ -531,9 +531,9 @@ at::Tensor PoolLayerImpl::forward(const at::Tensor& x) {
 
 // args: none. FULL_SHARD, every layer checkpointed: while a unit recomputes,
 // the pool keeps no idle buffer (the idle one is lent to the recomputation)
-// and no other unit is unsharded, and none is while it computes its gradients either (the next
-// unit's prefetch waits for this unit's reduction); training still matches
-// training without checkpointing.
+// and no other unit is unsharded, and none is while it computes its
+// gradients either (the next unit's prefetch waits for this unit's
+// reduction); training still matches training without checkpointing.
 FSDP2_SCENARIO(ac_backward_buffers) {
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
   std::vector<double> losses[2];
