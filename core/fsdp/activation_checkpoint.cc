@@ -210,9 +210,9 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       RegionGuard guard(region->module);
       outputs = region->run(inputs);
     }
-    // The unit's backward comes next: the reductions still in flight
-    // finish and the ready ones start (the next unit's prefetch waits for
-    // this unit's post-backward). What that allocates is not for the arena.
+    // The unit's backward comes next: the reductions that are ready start
+    // (the next unit's prefetch waits for this unit's post-backward). What
+    // that allocates is not for the arena.
     if (unit) {
       internal::RecomputeArena::Outside outside;
       unit->post_recompute();

@@ -171,7 +171,6 @@ void FSDPRootState::enter_backward(FSDPUnit* unit, bool defer_rest) {
 }
 
 void FSDPRootState::after_recompute() {
-  finish_reductions_beyond(0);
   issue_in_order(kAll, /*force=*/false, /*prefetch=*/false);
 }
 

@@ -103,13 +103,12 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
   void queue_end_of_backward();
   // `unit`'s pre-backward: issues the operations up to its all-gather and
   // unshards it (see the file comment), then what can follow, unless
-  // `defer_rest` (a checkpointed unit: after_recompute() issues it; until
-  // then the engine's pool returns its idle buffers to the allocator and
-  // keeps none that come back).
+  // `defer_rest` (a checkpointed unit: it finishes the reductions in flight
+  // instead, so that the last one's buffer is idle for the recomputation
+  // to borrow (RecomputeArena), and after_recompute() issues the rest).
   void enter_backward(FSDPUnit* unit, bool defer_rest = false);
-  // A checkpointed unit's recomputation is done: finishes the reductions in
-  // flight, returns the pool's idle buffers to the allocator, has it keep
-  // returned buffers again, and issues the reductions enter_backward left.
+  // A checkpointed unit's recomputation is done: issues the reductions
+  // enter_backward left (none is in flight: it finished them).
   // The next unit's all-gather (the prefetch) waits for this unit's
   // reduction_ready(), which issues it ahead of that reduction, as the
   // sequence orders them: gathered during this unit's backward, it would be

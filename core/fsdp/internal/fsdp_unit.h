@@ -74,19 +74,18 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
 
   // ---- activation checkpointing (activation_checkpoint.h)
   // This forward is checkpointed: backward recomputes it inside this unit's
-  // backward. pre_backward then unshards this unit but leaves the
-  // operations after its all-gather to post_recompute() (reductions) and
-  // post_backward (the next unit's all-gather, the prefetch), so that the
-  // recomputed activations and their gradients are never alive beside a
-  // second unit's parameters, and returns the buffers the engine's pool
-  // keeps idle to the allocator, so that the recomputation reuses their
-  // memory (issue #14: peak RSS with activation checkpointing). The
+  // backward. pre_backward then unshards this unit and finishes the
+  // reductions in flight (the last one's buffer is then idle, and the
+  // recomputation borrows it: RecomputeArena), but leaves the operations
+  // after its all-gather to post_recompute() (reductions) and post_backward
+  // (the next unit's all-gather, the prefetch), so that the recomputed
+  // activations and their gradients are never alive beside a second unit's
+  // parameters (issue #14: peak RSS with activation checkpointing). The
   // operations keep their order, the same on every rank; they are only
   // issued later.
   void defer_backward_prefetch() { defer_backward_prefetch_ = true; }
   // The recomputation of this unit's forward is done (its backward comes
-  // next): finish the reductions in flight and return their buffers to the
-  // allocator, for the gradients this backward computes next.
+  // next): issue the reductions pre_backward left.
   void post_recompute();
 
   FSDPParamGroup& param_group() { return group_; }

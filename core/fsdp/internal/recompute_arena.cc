@@ -3,6 +3,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -74,6 +75,10 @@ using Buffer = RecomputeArena::Buffer;
 // The lent buffers with pieces in use or a scope still open. One lock for
 // all: frees come from any thread, and there are one or two buffers.
 std::mutex g_mu;
+// How many there are, read without the lock: a raw free of memory that no
+// lent buffer holds (the common case, and all of it when none is lent)
+// skips the lock.
+std::atomic<size_t> g_lent_count{0};
 std::vector<std::shared_ptr<Buffer>>& Lent() {
   static auto* lent = new std::vector<std::shared_ptr<Buffer>>();  // never destroyed
   return *lent;
@@ -92,6 +97,7 @@ std::shared_ptr<Buffer> RetireIfDone(Buffer* buffer) {
     if (it->get() != buffer) continue;
     std::shared_ptr<Buffer> done = std::move(*it);
     lent.erase(it);
+    g_lent_count.store(lent.size(), std::memory_order_release);
     return done;
   }
   return nullptr;
@@ -99,6 +105,8 @@ std::shared_ptr<Buffer> RetireIfDone(Buffer* buffer) {
 
 // Frees a piece if one of the lent buffers holds `p`; false otherwise.
 bool FreeIfLent(void* p) {
+  // A piece of a lent buffer keeps it in the list until freed here.
+  if (g_lent_count.load(std::memory_order_acquire) == 0) return false;
   std::shared_ptr<Buffer> done;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -173,6 +181,7 @@ RecomputeArena::Scope::Scope() : previous_(t_buffer) {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     Lent().push_back(buffer);
+    g_lent_count.store(Lent().size(), std::memory_order_release);
   }
   buffer_ = std::move(buffer);
   t_buffer = buffer_.get();
