@@ -59,19 +59,21 @@ CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
   }();
   const internal::PeerCheck* peers = &impl.peer_check;
   return impl.lanes[static_cast<int>(lane)]->submit(
-      [transport, peers, body = std::move(body), where = std::move(where)] {
+      [transport, peers, op, body = std::move(body), where = std::move(where)] {
         // What the store says of the group's peers, after the failure.
-        auto lost = [peers] {
-          return peers->store ? "; " + peers->Describe() : std::string();
+        auto lost = [peers, op](const std::string& what) {
+          return peers->store ? "; " + peers->Describe(std::string(op) + ": " + what)
+                              : std::string();
         };
         try {
           body(*transport);
         } catch (const Error& e) {
-          ThrowError(e.code(), where + e.what() + lost());
+          ThrowError(e.code(), where + e.what() + lost(e.what()));
         } catch (const c10::Error& e) {
-          throw CommunicationError(where + e.what_without_backtrace() + lost());
+          throw CommunicationError(where + e.what_without_backtrace() +
+                                   lost(e.what_without_backtrace()));
         } catch (const std::exception& e) {
-          throw CommunicationError(where + e.what() + lost());
+          throw CommunicationError(where + e.what() + lost(e.what()));
         }
       });
 }

@@ -71,7 +71,7 @@ void LostReport::Publish(::c10d::Store& store, const std::string& report) {
   store.set(kReportKey, std::vector<uint8_t>(report.begin(), report.end()));
 }
 
-std::string PeerCheck::Describe() const {
+std::string PeerCheck::Describe(const std::string& failure) const {
   auto host_of = [&](int r) {
     return r >= 0 && r < static_cast<int>(hosts.size()) ? HostName(hosts[r]) : "?";
   };
@@ -130,7 +130,11 @@ std::string PeerCheck::Describe() const {
   }
   if (missing.empty()) return s.str();
   try {
-    LostReport::Publish(*store, "rank " + std::to_string(world_rank) + " found " + s.str());
+    // The cause, kept short: it travels into every other rank's error.
+    constexpr size_t kMaxCause = 240;
+    std::string cause = failure.size() > kMaxCause ? failure.substr(0, kMaxCause) + "..." : failure;
+    LostReport::Publish(*store, "rank " + std::to_string(world_rank) + " (" + cause + ") found " +
+                                    s.str());
     // Long enough for every watcher to read it: this rank may serve the
     // store and exit next.
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));

@@ -59,8 +59,10 @@ struct PeerCheck {
   // (host 'node1') ..."), one whose heartbeat goes on is still running, or
   // "every rank of the group is still alive" or, when the store itself is
   // gone, what that means and what another rank reported before. Publishes
-  // what it finds. Never throws.
-  std::string Describe() const;
+  // what it finds, with `failure` (what failed on this rank, e.g.
+  // "all_gather: timed out after 15000 ms") so that a rank which only sees
+  // this one exit learns the cause as well. Never throws.
+  std::string Describe(const std::string& failure) const;
 };
 
 }  // namespace internal

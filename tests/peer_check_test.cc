@@ -1,0 +1,75 @@
+// What a rank whose collective failed publishes about its group's lost
+// peers (core/comm/internal/peer_check.h): the report names the failure that
+// started the check, so a rank that only sees the reporting rank exit (a
+// connection closed by it) still learns that the collective timed out.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/host.h"
+#include "core/comm/internal/peer_check.h"
+
+namespace fsdp2 {
+namespace comm {
+namespace internal {
+namespace {
+
+std::string StorePath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir ? dir : "/tmp") + "/peer_check_" + name;
+  std::remove(path.c_str());
+  return path;
+}
+
+PeerCheck RankZeroOfTwo(c10::intrusive_ptr<::c10d::Store> store) {
+  PeerCheck check;
+  check.store = std::move(store);
+  check.world_rank = 0;
+  check.group_ranks = {0, 1};
+  check.hosts = {HostIdentity(), HostIdentity()};
+  check.wait = std::chrono::milliseconds(200);
+  return check;
+}
+
+TEST(PeerCheck, TheReportCarriesTheFailureThatStartedIt) {
+  auto store = c10::make_intrusive<::c10d::FileStore>(StorePath("cause"), 2);
+  // Rank 1 never answers: it is lost, and rank 0 publishes what it found.
+  const std::string found =
+      RankZeroOfTwo(store).Describe("reduce_scatter: timed out after 15000 ms");
+  EXPECT_NE(found.find("lost: rank 1"), std::string::npos) << found;
+  // What rank 1's watcher reads (it may see only rank 0's exit next).
+  LostReport watcher(store, 1, std::chrono::milliseconds(20));
+  std::string seen;
+  for (int i = 0; i < 200 && seen.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    seen = watcher.seen();
+  }
+  EXPECT_NE(seen.find("rank 0 (reduce_scatter: timed out after 15000 ms) found lost: rank 1"),
+            std::string::npos)
+      << seen;
+}
+
+TEST(PeerCheck, ALongFailureIsCutShort) {
+  auto store = c10::make_intrusive<::c10d::FileStore>(StorePath("long"), 2);
+  RankZeroOfTwo(store).Describe("all_gather: " + std::string(5000, 'x'));
+  LostReport watcher(store, 1, std::chrono::milliseconds(20));
+  std::string seen;
+  for (int i = 0; i < 200 && seen.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    seen = watcher.seen();
+  }
+  ASSERT_NE(seen.find("found lost: rank 1"), std::string::npos) << seen;
+  EXPECT_LT(seen.size(), 600u) << seen;
+  EXPECT_NE(seen.find("xxx...) found"), std::string::npos) << seen;
+}
+
+}  // namespace
+}  // namespace internal
+}  // namespace comm
+}  // namespace fsdp2
