@@ -26,10 +26,12 @@
 // With --ac-rounds R > 1 the pair runs R times: the peak ratio of every
 // round is printed, and the largest is the one reported.
 //
-// Between steps the gradients are zeroed in place (LibTorch 1.13's
-// Optimizer::zero_grad(), and what FSDP2Strategy does), or with
-// --grads-to-none 1 set to none (the default of PyTorch 2's and LibTorch
-// 2's zero_grad): then the sharded gradients are not held through forward.
+// Between steps the gradients are zeroed as FSDP2Strategy zeroes them
+// (--zero-grad free, the default: freed, and a zero one given before the
+// step to each parameter that got none; LazyZeroGrad), so the sharded
+// gradients are not held through forward. --zero-grad in_place zeroes them
+// in place (LibTorch 1.13's Optimizer::zero_grad(), what FSDP2Strategy did
+// before) and --zero-grad none sets them to none (PyTorch 2's default).
 //
 //   bazel run //bench:memory -- --quick 1
 //   bazel run //bench:memory
@@ -47,6 +49,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -58,6 +61,7 @@
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
 #include "core/models/gpt_module.h"
+#include "core/strategy/lazy_zero_grad.h"
 
 namespace fsdp2 {
 namespace bench {
@@ -81,6 +85,17 @@ models::GPTConfig Config(flags::Flags& flags) {
   return ReadGPTConfig(flags, gpt2_small);
 }
 
+// How gradients are zeroed between steps: "free", "in_place" or "none".
+std::string ZeroGradMode(flags::Flags& flags) {
+  const std::string mode = flags.String(
+      "zero-grad", "free",
+      "free (as FSDP2Strategy: freed, zero where none came), in_place or none");
+  if (mode != "free" && mode != "in_place" && mode != "none") {
+    throw std::invalid_argument("--zero-grad: '" + mode + "' is not free, in_place or none");
+  }
+  return mode;
+}
+
 double ThreadCpuSeconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -98,8 +113,7 @@ int RunRank(flags::Flags& flags) {
   const int64_t global_batch = flags.Int("global-batch", 4, "sequences per step, all ranks");
   const int steps = flags.Int("steps", 3, "training steps");
   const int ac = flags.Int("ac", 0, "1: checkpoint every block's activations");
-  const bool grads_to_none =
-      flags.Int("grads-to-none", 0, "1: set gradients to none between steps") != 0;
+  const std::string zero_grad = ZeroGradMode(flags);
   flags.Finish();
   const char* threads = std::getenv("FSDP2_THREADS");
   at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
@@ -137,6 +151,7 @@ int RunRank(flags::Flags& flags) {
   // Peak RSS of each phase of a step (the high-water mark is reset at each
   // phase's start), the largest over the steps: where the peak comes from.
   int64_t phase_peak[3] = {0, 0, 0};  // forward, backward, clip + step
+  strategy::LazyZeroGrad lazy_zero;
   // Wall time, and CPU time of this (the training) thread, which a loaded
   // machine disturbs far less: the steps after the first two.
   std::vector<double> step_s, step_cpu_s;
@@ -158,7 +173,9 @@ int RunRank(flags::Flags& flags) {
     this_step_s = this_step_cpu_s = 0;
     at::Tensor loss;
     phase(0, [&] {
-      if (grads_to_none) {
+      if (zero_grad == "free") {
+        lazy_zero.zero_grad(*optimizer);
+      } else if (zero_grad == "none") {
         for (at::Tensor& p : model->parameters()) p.mutable_grad() = at::Tensor();
       } else {
         optimizer->zero_grad();
@@ -170,6 +187,7 @@ int RunRank(flags::Flags& flags) {
       loss = at::Tensor();
     });
     phase(2, [&] {
+      lazy_zero.materialize();
       fsdp::clip_grad_norm_(*model, 1.0);
       optimizer->step();
     });
@@ -229,14 +247,15 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   const int ac_steps = flags.Int("ac-steps", quick ? 4 : 6, "activation checkpointing: steps");
   const bool ac_only = flags.Int("ac-only", 0, "1: only the activation checkpointing part") != 0;
   const int ac_rounds = flags.Int("ac-rounds", 1, "activation checkpointing: rounds (time: median)");
-  const int grads_to_none = flags.Int(
-      "grads-to-none", 0, "1: set gradients to none between steps, not zero them in place");
+  const std::string zero_grad = ZeroGradMode(flags);
   flags.Finish();
   const int cores = Cores();
-  const std::vector<std::string> common = {"--grads-to-none", grads_to_none ? "1" : "0"};
-  if (grads_to_none) {
-    std::printf("gradients set to none between steps (--grads-to-none 1)\n");
-  }
+  const std::vector<std::string> common = {"--zero-grad", zero_grad};
+  std::printf("gradients between steps (--zero-grad): %s\n",
+              zero_grad == "free"       ? "free, a zero one before the step where none came "
+                                          "(as FSDP2Strategy does)"
+              : zero_grad == "in_place" ? "zeroed in place (LibTorch 1.13's zero_grad())"
+                                        : "set to none (PyTorch 2's zero_grad())");
   if (!ac_only) RunShardingTable(config, nprocs, steps, global_batch, cores, self, common);
   if (ac_nproc > 0) {
     models::GPTConfig ac_config = config;

@@ -20,6 +20,7 @@
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt_module.h"
+#include "core/strategy/lazy_zero_grad.h"
 
 namespace fsdp2 {
 namespace bench {
@@ -154,17 +155,19 @@ int RunTrainRank(flags::Flags& flags, const ModelFlags& defaults) {
   }
 
   std::vector<double> step_s, forward_s, backward_s, update_s;
+  strategy::LazyZeroGrad zero_grad;  // as FSDP2Strategy::optimizer_step
   for (int step = 0; step < warmup + steps; ++step) {
     if (step == warmup) {
       fsdp::reset_comm_wait_stats(*model);
     }
     const auto& [x, y] = batches[step % batches.size()];
     const auto start = Clock::now();
-    optimizer->zero_grad();
+    zero_grad.zero_grad(*optimizer);
     at::Tensor loss = module.training_step({x, y}, step);
     const auto forward_end = Clock::now();
     loss.backward();
     const auto backward_end = Clock::now();
+    zero_grad.materialize();
     if (strategy == "single") {
       torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     } else {

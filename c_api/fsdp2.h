@@ -539,7 +539,7 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_set_epoch(fsdp2_strategy_t* strategy,
  * process's start (RSS), or the last reset. */
 typedef struct fsdp2_memory_stats {
   size_t struct_size;
-  int64_t sharded_param_bytes, sharded_grad_bytes; /* grads: 0 before a step */
+  int64_t sharded_param_bytes, sharded_grad_bytes; /* grads: 0 but between a backward and its step */
   int64_t optimizer_state_bytes; /* its state tensors (AdamW: 2 x sharded params) */
   int64_t unsharded_param_bytes, peak_unsharded_param_bytes; /* gathered, compute dtype */
   int64_t unsharded_grad_bytes;  /* accumulated without gradient sync */

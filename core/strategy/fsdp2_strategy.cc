@@ -427,12 +427,13 @@ void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
 
 double FSDP2Strategy::optimizer_step(double max_grad_norm) {
   require_optimizer("optimizer_step");
+  zero_grad_.materialize();  // those zeroed that got no gradient since
   double norm = 0.0;
   if (max_grad_norm > 0) {
     norm = tp::clip_grad_norm_(*module_->module(), max_grad_norm);
   }
   optimizer_->step();
-  optimizer_->zero_grad();
+  zero_grad_.zero_grad(*optimizer_);
   ++global_step_;
   return norm;
 }

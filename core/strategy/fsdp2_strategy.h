@@ -42,6 +42,7 @@
 #include "core/fsdp/fully_shard.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/distributed_sampler.h"
+#include "core/strategy/lazy_zero_grad.h"
 #include "core/strategy/memory_stats.h"
 #include "core/strategy/training_module.h"
 
@@ -209,7 +210,11 @@ class FSDP2Strategy {
   // Clips gradients to a global norm over all shards and tensor-parallel
   // blocks, replicated parameters counted once (if max_grad_norm > 0), steps the
   // optimizer, zeroes gradients and counts the step. Returns the norm
-  // before clipping (0 when not clipping).
+  // before clipping (0 when not clipping). The gradients are zeroed by
+  // freeing them (LazyZeroGrad): .grad is undefined until the next backward,
+  // so they do not sit in memory through the next forward, and a parameter
+  // that gets no gradient by the next step steps with a zero one, as with
+  // LibTorch 1.13's in-place zero_grad().
   double optimizer_step(double max_grad_norm = 0);
   // Without gradients; the loss averaged over the data-parallel ranks.
   at::Tensor validation_step(const Batch& batch, int64_t batch_idx);
@@ -356,6 +361,7 @@ class FSDP2Strategy {
   int tp_size_ = 0;
   std::shared_ptr<TrainingModule> module_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  LazyZeroGrad zero_grad_;
   std::unique_ptr<checkpoint::BackgroundSaver> saver_;  // background saves
   bool parallelized_ = false;
   std::vector<ParameterInfo> parameter_infos_;

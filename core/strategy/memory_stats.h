@@ -19,7 +19,7 @@ namespace strategy {
 // parameters (with NO_SHARD or one rank: all of them).
 struct StrategyMemoryStats {
   int64_t sharded_param_bytes = 0;   // local parameter shards (the optimizer's)
-  int64_t sharded_grad_bytes = 0;    // their .grad (0 until a backward)
+  int64_t sharded_grad_bytes = 0;    // their .grad (0 but between a backward and its step)
   int64_t optimizer_state_bytes = 0; // the optimizer's state tensors on this rank
   // Full-size parameter copies alive now that units compute with: gathered
   // shards, or bf16 casts under mixed precision (also on one rank and with

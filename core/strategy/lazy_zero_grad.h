@@ -1,0 +1,49 @@
+// fsdp2/core/strategy/lazy_zero_grad.h
+//
+// zero_grad() that frees the gradients and still steps as if they had been
+// zeroed in place.
+//
+// LibTorch 1.13's Optimizer::zero_grad() keeps every .grad allocated and
+// fills it with zeros, so a rank holds all its gradient shards through the
+// next forward, where FULL_SHARD's peak is (85M GPT, N = 2: 65 of 1,025 MiB
+// per rank; see the README, "Benchmarks"). PyTorch 2 frees them instead
+// (set_to_none=True), but then a parameter that gets no gradient in the
+// next step is skipped by the optimizer, where a zero gradient would still
+// decay it (AdamW) and move its moments: the losses differ from those of
+// in-place zeroing, which PyTorch 1.13 and LibTorch 1.13 do.
+//
+// LazyZeroGrad frees them and remembers which it freed. materialize(),
+// called right before clipping and the optimizer step, gives each of those
+// that got no gradient since a zero one, so every step computes exactly
+// what in-place zeroing computes (0 + g is g). Between zero_grad() and the
+// next backward, .grad is undefined instead of zero.
+#ifndef FSDP2_CORE_STRATEGY_LAZY_ZERO_GRAD_H_
+#define FSDP2_CORE_STRATEGY_LAZY_ZERO_GRAD_H_
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include <vector>
+
+namespace fsdp2 {
+namespace strategy {
+
+class LazyZeroGrad {
+ public:
+  // Frees the .grad of every parameter of `optimizer` that has one; each
+  // counts as zero from now on.
+  void zero_grad(torch::optim::Optimizer& optimizer);
+  // Gives a zero .grad to each parameter freed by zero_grad() that has
+  // received no gradient since, and forgets them all.
+  void materialize();
+  // Parameters freed and not yet given a gradient or a zero one.
+  size_t pending() const;
+
+ private:
+  std::vector<at::Tensor> freed_;
+};
+
+}  // namespace strategy
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_STRATEGY_LAZY_ZERO_GRAD_H_
