@@ -37,19 +37,25 @@ PeerCheck RankZeroOfTwo(c10::intrusive_ptr<::c10d::Store> store) {
   return check;
 }
 
+// The report rank 1's watcher reads from `store` within 2 s ("" if none).
+std::string SeenByRankOne(c10::intrusive_ptr<::c10d::Store> store) {
+  LostReport watcher(std::move(store), 1, std::chrono::milliseconds(20));
+  std::string seen;
+  for (int i = 0; i < 200 && seen.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    seen = watcher.seen();
+  }
+  return seen;
+}
+
 TEST(PeerCheck, TheReportCarriesTheFailureThatStartedIt) {
   auto store = c10::make_intrusive<::c10d::FileStore>(StorePath("cause"), 2);
   // Rank 1 never answers: it is lost, and rank 0 publishes what it found.
   const std::string found =
       RankZeroOfTwo(store).Describe("reduce_scatter: timed out after 15000 ms");
   EXPECT_NE(found.find("lost: rank 1"), std::string::npos) << found;
-  // What rank 1's watcher reads (it may see only rank 0's exit next).
-  LostReport watcher(store, 1, std::chrono::milliseconds(20));
-  std::string seen;
-  for (int i = 0; i < 200 && seen.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    seen = watcher.seen();
-  }
+  // What rank 1 reads (it may see only rank 0's exit next).
+  const std::string seen = SeenByRankOne(store);
   EXPECT_NE(seen.find("rank 0 (reduce_scatter: timed out after 15000 ms) found lost: rank 1"),
             std::string::npos)
       << seen;
@@ -58,12 +64,7 @@ TEST(PeerCheck, TheReportCarriesTheFailureThatStartedIt) {
 TEST(PeerCheck, ALongFailureIsCutShort) {
   auto store = c10::make_intrusive<::c10d::FileStore>(StorePath("long"), 2);
   RankZeroOfTwo(store).Describe("all_gather: " + std::string(5000, 'x'));
-  LostReport watcher(store, 1, std::chrono::milliseconds(20));
-  std::string seen;
-  for (int i = 0; i < 200 && seen.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    seen = watcher.seen();
-  }
+  const std::string seen = SeenByRankOne(store);
   ASSERT_NE(seen.find("found lost: rank 1"), std::string::npos) << seen;
   EXPECT_LT(seen.size(), 600u) << seen;
   EXPECT_NE(seen.find("xxx...) found"), std::string::npos) << seen;
