@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -86,6 +88,40 @@ TEST(UnitLifetime, BackwardAfterTheUnitIsGoneDoesNothing) {
   EXPECT_FALSE(shard.grad().defined());
   ASSERT_TRUE(x.grad().defined());
   EXPECT_EQ(x.grad().sizes(), x.sizes());
+}
+
+// clip_grad_norm_ takes a large gradient's norm in pieces: a weight of
+// 180,000 elements (several pieces, the last one partial) clips exactly as
+// LibTorch's clip_grad_norm_ clips the same gradients, for the 2-norm, a
+// 3-norm and the infinity norm.
+TEST(ClipGradNorm, LargeGradientsInPiecesEqualLibTorch) {
+  for (double norm_type : {2.0, 3.0, std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE(norm_type);
+    torch::manual_seed(11);
+    auto plain = std::make_shared<torch::nn::LinearImpl>(torch::nn::LinearOptions(600, 300));
+    plain->to(at::kDouble);
+    auto sharded = std::make_shared<torch::nn::LinearImpl>(torch::nn::LinearOptions(600, 300));
+    sharded->to(at::kDouble);
+    {
+      at::NoGradGuard no_grad;
+      sharded->weight.copy_(plain->weight);
+      sharded->bias.copy_(plain->bias);
+    }
+    fully_shard(sharded, SingleRankOptions());
+    const at::Tensor x = at::randn({5, 600}, at::kDouble);
+    plain->forward(x).pow(2).sum().backward();
+    forward(sharded, x).pow(2).sum().backward();
+
+    const double want =
+        torch::nn::utils::clip_grad_norm_(plain->parameters(), /*max_norm=*/1.0, norm_type);
+    const double got = clip_grad_norm_(*sharded, /*max_norm=*/1.0, norm_type);
+    EXPECT_NEAR(got, want, 1e-12 * want);
+    ASSERT_GT(want, 1.0) << "the test needs gradients that get clipped";
+    for (const auto& item : sharded->named_parameters()) {
+      const at::Tensor ref = plain->named_parameters()[item.key()].grad();
+      EXPECT_TRUE(at::allclose(item.value().grad(), ref, 1e-12, 0)) << item.key();
+    }
+  }
 }
 
 }  // namespace
