@@ -467,11 +467,13 @@ int RunRank(const Flags& f) {
     sent += part;
   }
   std::printf("rank %d: sharded params %.2f MiB of %.2f MiB, peak unsharded params %.2f MiB, "
-              "allocator %s, sent %s\n",
+              "allocator %s, blas %s, sent %s\n",
               rank, stats.sharded_param_bytes / 1048576.0,
               stats.total_param_numel * 4 / 1048576.0,
               fsdp::peak_unsharded_param_bytes() / 1048576.0,
-              launch::ActiveAllocator().c_str(), sent.empty() ? "nothing" : sent.c_str());
+              launch::ActiveAllocator().c_str(),
+              launch::BlasCore().empty() ? "not OpenBLAS" : launch::BlasCore().c_str(),
+              sent.empty() ? "nothing" : sent.c_str());
   if (rank == 0) {
     std::printf("metrics: %s, %s; loss curve: %s\n", trainer_options.metrics_jsonl.c_str(),
                 trainer_options.metrics_csv.c_str(), trainer_options.loss_curve_svg.c_str());
@@ -502,7 +504,8 @@ int main(int argc, char** argv) {
     // Started by torchrun, srun or mpirun: this process is one rank.
     // Otherwise launch --nproc local ranks.
     if (strategy::ClusterEnvironment::Detect().kind == strategy::ClusterKind::kLocal) {
-      // The launcher starts every rank with the allocator (allocator.h).
+      // The launcher starts every rank with the allocator (allocator.h)
+      // and the rest of CpuPerformanceEnv (local_launcher.h).
       CheckLocalSizes(flags);
       launch::LocalLaunchOptions options;
       options.nproc = flags.nproc;
@@ -511,9 +514,10 @@ int main(int argc, char** argv) {
       options.argv.assign(argv, argv + argc);
       return launch::LaunchLocal(options);
     }
-    // Started by an outside launcher: restart once with the allocator if
-    // it is not in place yet.
-    launch::ReexecWithAllocator(argc, argv);
+    // Started by an outside launcher: restart once with what the local
+    // launcher gives its ranks (allocator, OpenBLAS core type, OpenMP
+    // waiting) if it is not in place yet.
+    launch::ReexecWithRankEnvironment(argc, argv);
     return RunRank(flags);
   } catch (const std::exception& e) {
     std::cerr << "train: " << e.what() << "\n";

@@ -3,11 +3,8 @@
 
 #include <dlfcn.h>
 #include <link.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
@@ -18,7 +15,6 @@ namespace launch {
 namespace {
 
 constexpr char kAllocatorVar[] = "FSDP2_ALLOCATOR";
-constexpr char kExecMarker[] = "FSDP2_ALLOCATOR_EXEC";
 
 // The library names that provide each allocator, preferred first.
 std::vector<std::string> LibraryNames(const std::string& allocator) {
@@ -129,38 +125,6 @@ std::string RankPreload(const std::string& current) {
   }
   if (Contains(current, library)) return current;
   return current.empty() ? library : library + ":" + current;
-}
-
-void ReexecWithAllocator(int argc, char** argv) {
-  (void)argc;
-  const bool second_run = std::getenv(kExecMarker) != nullptr;
-  unsetenv(kExecMarker);  // not inherited by what this process starts
-  const std::string wanted = RequestedAllocator();
-  if (wanted == "system" || ActiveAllocator() == wanted || UnderAddressSanitizer()) {
-    return;
-  }
-  if (second_run) {
-    std::cerr << "fsdp2: " << wanted << " was preloaded but is not active; "
-              << "training with the system allocator\n";
-    return;
-  }
-  const char* env_preload = std::getenv("LD_PRELOAD");
-  const bool had_preload = env_preload != nullptr;
-  const std::string current = had_preload ? env_preload : "";
-  const std::string preload = RankPreload(current);
-  if (preload == current) return;  // not installed
-  setenv("LD_PRELOAD", preload.c_str(), 1);
-  setenv(kExecMarker, "1", 1);
-  execv("/proc/self/exe", argv);
-  // Still here: exec failed. Train on, with what we have.
-  std::cerr << "fsdp2: could not restart with " << wanted << " ("
-            << std::strerror(errno) << "); training with the system allocator\n";
-  unsetenv(kExecMarker);
-  if (had_preload) {
-    setenv("LD_PRELOAD", current.c_str(), 1);
-  } else {
-    unsetenv("LD_PRELOAD");
-  }
 }
 
 }  // namespace launch

@@ -9,9 +9,9 @@
 // README, "Benchmarks"). fsdp2 therefore runs its ranks with tcmalloc
 // (Debian's libtcmalloc-minimal4, installed by scripts/setup.sh), put in
 // place with LD_PRELOAD: the local launcher adds it to every rank it starts
-// (C++, C, Python and Java ranks alike), and the main job and benchmarks,
-// when an outside launcher (torchrun, srun, mpirun) started them without
-// it, re-execute themselves once with it.
+// (C++, C, Python and Java ranks alike), and the main job, when an outside
+// launcher (torchrun, srun, mpirun) started it without it, re-executes
+// itself once with it (local_launcher.h, ReexecWithRankEnvironment).
 //
 // FSDP2_ALLOCATOR chooses: "tcmalloc" (the default), "jemalloc", or
 // "system" (glibc's malloc, nothing preloaded). An allocator that is not
@@ -46,13 +46,6 @@ std::string ActiveAllocator();
 // "system", when the library is missing (after a warning on stderr), or
 // under AddressSanitizer.
 std::string RankPreload(const std::string& current);
-
-// For the entry point of a program that trains: if the requested allocator
-// is installed but not loaded into this process, re-executes the program
-// (/proc/self/exe with the same argv) with it preloaded, and does not
-// return. Otherwise returns. Re-executes at most once (FSDP2_ALLOCATOR_EXEC
-// marks the second run), so a library that cannot be preloaded never loops.
-void ReexecWithAllocator(int argc, char** argv);
 
 }  // namespace launch
 }  // namespace fsdp2

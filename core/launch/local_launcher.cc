@@ -4,6 +4,7 @@
 #include "core/launch/allocator.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -25,6 +26,12 @@ extern char** environ;
 
 namespace fsdp2 {
 namespace launch {
+namespace {
+
+// Set in the environment of a process ReexecWithRankEnvironment restarted.
+constexpr char kRankEnvExecMarker[] = "FSDP2_RANK_ENV_EXEC";
+
+}  // namespace
 
 bool IsRankProcess() {
   const char* rank = std::getenv("RANK");
@@ -56,16 +63,43 @@ std::string CpuFlags() {
 
 std::string CpuVendor() { return CpuinfoValue("vendor_id"); }
 
+std::string RecommendedBlasCore() {
+  const std::string flags = CpuFlags();
+  if (flags.find(" avx512f ") != std::string::npos &&
+      flags.find(" avx512bw ") != std::string::npos) {
+    return "SkylakeX";
+  }
+  if (flags.find(" avx2 ") != std::string::npos) return "Haswell";
+  return "";
+}
+
+std::string BlasCore() {
+  using CoreName = char* (*)();
+  const auto core_name =
+      reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (core_name == nullptr) return "";
+  const char* name = core_name();
+  return name != nullptr ? name : "";
+}
+
+std::string BlasCoreAdvice(const std::string& active, const std::string& recommended) {
+  // OpenBLAS 0.3.21 (Debian 12) falls back to its Prescott (SSE3) kernels
+  // on CPUs it does not know, such as a Xeon model 207: 28 GFLOP/s for a
+  // 1024x768x3072 SGEMM on one core there, 138 with SkylakeX.
+  if (active != "Prescott" || recommended.empty()) return "";
+  return "OpenBLAS did not recognise this CPU and runs its generic Prescott "
+         "(SSE3) kernels, several times slower for matrix products than the " +
+         recommended + " kernels this CPU supports. Start this process with "
+         "OPENBLAS_CORETYPE=" + recommended +
+         " (it is read when the library loads); fsdp2's local launcher and "
+         "main job set it themselves";
+}
+
 std::map<std::string, std::string> CpuPerformanceEnv() {
   std::map<std::string, std::string> env;
   if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
-    const std::string flags = CpuFlags();
-    if (flags.find(" avx512f ") != std::string::npos &&
-        flags.find(" avx512bw ") != std::string::npos) {
-      env["OPENBLAS_CORETYPE"] = "SkylakeX";
-    } else if (flags.find(" avx2 ") != std::string::npos) {
-      env["OPENBLAS_CORETYPE"] = "Haswell";
-    }
+    const std::string core = RecommendedBlasCore();
+    if (!core.empty()) env["OPENBLAS_CORETYPE"] = core;
   }
   // OpenMP threads that spin while waiting for work steal the core from the
   // other ranks and from the comm threads: with 2 threads per process on a
@@ -78,8 +112,44 @@ std::map<std::string, std::string> CpuPerformanceEnv() {
   const char* preload = std::getenv("LD_PRELOAD");
   const std::string current = preload != nullptr ? preload : "";
   const std::string wanted = RankPreload(current);
-  if (wanted != current) env["LD_PRELOAD"] = wanted;
+  if (wanted != current && ActiveAllocator() != RequestedAllocator()) {
+    env["LD_PRELOAD"] = wanted;
+  }
   return env;
+}
+
+void ReexecWithRankEnvironment(int argc, char** argv) {
+  (void)argc;
+  const bool second_run = std::getenv(kRankEnvExecMarker) != nullptr;
+  unsetenv(kRankEnvExecMarker);  // not inherited by what this process starts
+  if (second_run) {
+    const std::string wanted = RequestedAllocator();
+    if (wanted != "system" && ActiveAllocator() != wanted && !AllocatorLibrary(wanted).empty()) {
+      std::cerr << "fsdp2: " << wanted << " was preloaded but is not active; "
+                << "training with the system allocator\n";
+    }
+    return;
+  }
+  const auto env = CpuPerformanceEnv();
+  if (env.empty()) return;
+  std::map<std::string, const char*> before;
+  for (const auto& [name, value] : env) {
+    before[name] = std::getenv(name.c_str());
+    setenv(name.c_str(), value.c_str(), 1);
+  }
+  setenv(kRankEnvExecMarker, "1", 1);
+  execv("/proc/self/exe", argv);
+  // Still here: exec failed. Train on, with what we have.
+  std::cerr << "fsdp2: could not restart with the rank environment ("
+            << std::strerror(errno) << "); training without it\n";
+  unsetenv(kRankEnvExecMarker);
+  for (const auto& [name, value] : before) {
+    if (value != nullptr) {
+      setenv(name.c_str(), value, 1);
+    } else {
+      unsetenv(name.c_str());
+    }
+  }
 }
 
 int FindFreePort() {

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -26,8 +27,14 @@ int RankMain(const std::string& mode, int argc, char** argv) {
     return 0;
   }
   if (mode == "reexec") {  // as the main job does under an outside launcher
-    ReexecWithAllocator(argc, argv);
-    std::cout << "rank " << rank << " allocator " << ActiveAllocator() << std::endl;
+    ReexecWithRankEnvironment(argc, argv);
+    auto value = [](const char* name) {
+      const char* v = std::getenv(name);
+      return std::string(v != nullptr ? v : "(unset)");
+    };
+    std::cout << "rank " << rank << " allocator " << ActiveAllocator() << " blas core "
+              << value("OPENBLAS_CORETYPE") << " wait policy " << value("OMP_WAIT_POLICY")
+              << " marker " << value("FSDP2_RANK_ENV_EXEC") << std::endl;
     return 0;
   }
   if (mode == "hello") {
@@ -132,16 +139,18 @@ TEST(LocalLauncher, TheCallersPreloadIsKept) {
   unsetenv("FSDP2_ALLOCATOR");
 }
 
-// A rank started by an outside launcher (torchrun, srun, mpirun) has no
-// preloaded allocator: the main job restarts itself once with it.
-TEST(LocalLauncher, AnOutsideRankRestartsWithTheAllocator) {
+// Runs this binary as one rank of an outside launcher (torchrun, srun,
+// mpirun: RANK set, nothing of CpuPerformanceEnv) in mode "reexec", with
+// `env` changed by `edit`; returns what it printed.
+std::string RunOutsideRank(const std::map<std::string, std::string>& edit) {
   auto env = CurrentEnvironment();
-  env.erase("LD_PRELOAD");
+  for (const char* name : {"LD_PRELOAD", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY"}) env.erase(name);
   env["RANK"] = "0";
   env["WORLD_SIZE"] = "1";
   env["FSDP2_LAUNCHER_TEST_MODE"] = "reexec";
+  for (const auto& [name, value] : edit) env[name] = value;
   int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
+  if (pipe(fds) != 0) return "pipe() failed";
   const int pid = SpawnSelf({"local_launcher_test"}, env, fds[1]);
   close(fds[1]);
   std::string out;
@@ -150,8 +159,42 @@ TEST(LocalLauncher, AnOutsideRankRestartsWithTheAllocator) {
   close(fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
-  EXPECT_NE(out.find("rank 0 allocator tcmalloc"), std::string::npos) << out;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) out += "\n(rank failed)";
+  return out;
+}
+
+// Such a rank restarts itself once with everything a launched rank gets:
+// the allocator, the OpenBLAS core type for this CPU and passive OpenMP
+// waiting, and the restarted run does not see the marker of its restart.
+TEST(LocalLauncher, AnOutsideRankRestartsWithTheRankEnvironment) {
+  const std::string core = RecommendedBlasCore();
+  const std::string out = RunOutsideRank({});
+  const std::string expected = "rank 0 allocator tcmalloc blas core " +
+                               (core.empty() ? std::string("(unset)") : core) +
+                               " wait policy PASSIVE marker (unset)";
+  EXPECT_NE(out.find(expected), std::string::npos) << out;
+}
+
+// What the user set wins, and a process that has everything does not
+// restart (it would print the marker's absence either way, so the test
+// checks that values the user chose survive instead).
+TEST(LocalLauncher, AnOutsideRankKeepsTheUsersChoices) {
+  const std::string out = RunOutsideRank(
+      {{"OPENBLAS_CORETYPE", "Prescott"}, {"OMP_WAIT_POLICY", "ACTIVE"}, {"FSDP2_ALLOCATOR", "system"}});
+  EXPECT_NE(out.find("rank 0 allocator system blas core Prescott wait policy ACTIVE marker (unset)"),
+            std::string::npos)
+      << out;
+}
+
+TEST(LocalLauncher, OpenBlasFallbackIsReported) {
+  EXPECT_NE(BlasCoreAdvice("Prescott", "SkylakeX").find("OPENBLAS_CORETYPE=SkylakeX"),
+            std::string::npos);
+  EXPECT_NE(BlasCoreAdvice("Prescott", "Haswell").find("OPENBLAS_CORETYPE=Haswell"),
+            std::string::npos);
+  EXPECT_EQ(BlasCoreAdvice("Prescott", ""), "");  // nothing faster fits
+  EXPECT_EQ(BlasCoreAdvice("SkylakeX", "SkylakeX"), "");
+  EXPECT_EQ(BlasCoreAdvice("Zen", "Haswell"), "");  // OpenBLAS knew the CPU
+  EXPECT_EQ(BlasCoreAdvice("", "SkylakeX"), "");    // not OpenBLAS
 }
 
 TEST(LocalLauncher, ZeroProcessesIsAnError) {

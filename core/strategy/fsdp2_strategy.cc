@@ -97,6 +97,17 @@ void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank) {
                "MixedPrecisionPolicy) unless you need it\n";
 }
 
+// The first rank of each host says when OpenBLAS fell back to its generic
+// kernels (launch::BlasCoreAdvice): a rank an outside launcher started in
+// Python, Java or C cannot restart itself with OPENBLAS_CORETYPE as the main
+// job does, so its user must set it.
+void WarnIfBlasIsGeneric(int local_rank) {
+  if (local_rank != 0 || std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  const std::string advice =
+      launch::BlasCoreAdvice(launch::BlasCore(), launch::RecommendedBlasCore());
+  if (!advice.empty()) std::cerr << "fsdp2: warning: " << advice << "\n";
+}
+
 }  // namespace
 
 void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
@@ -274,6 +285,7 @@ void FSDP2Strategy::setup_environment() {
                                                       : RanksPerHost(world_ptr->hosts()));
   }
   world_ = std::move(world_ptr);
+  WarnIfBlasIsGeneric(cluster_.local_rank);
   dp_size_ = dp;
   tp_size_ = tp;
   mesh_ = comm::DeviceMesh::Create(world_, {dp, tp}, {"dp", "tp"});
