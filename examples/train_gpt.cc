@@ -34,6 +34,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/checkpoint/checkpoint_dir.h"
@@ -156,7 +157,9 @@ Flags ParseFlags(int argc, char** argv) {
     f.clip = parser.Double("clip", f.clip, "gradient clipping norm (0: off)");
     f.metrics_out = parser.String("metrics-out", f.metrics_out,
                                   "metrics JSON lines (default: out-dir/metrics.jsonl)");
-    f.threads = parser.Int("threads", f.threads, "threads per rank (0: cores / nproc)");
+    f.threads = parser.Int("threads", f.threads,
+                           "threads per rank (0: cores / nproc; under an outside "
+                           "launcher OMP_NUM_THREADS, else the host's cores / its ranks)");
     f.log_every = parser.Int("log-every", f.log_every, "steps between log lines");
     f.val_every = parser.Int("val-every", f.val_every, "steps between validations");
     f.out_dir = parser.String("out-dir", f.out_dir,
@@ -319,10 +322,23 @@ std::string OutputPath(const Flags& f, const std::string& name) {
   return (dir / name).string();
 }
 
+// Threads for this rank: --threads, else FSDP2_THREADS (the local
+// launcher's cores / nproc), else OMP_NUM_THREADS (torchrun sets 1; srun and
+// mpirun users set it), else this host's cores shared among the ranks
+// found on it at rendezvous. It used to be 1 whenever the first two were
+// unset, so a rank alone on a host of an outside launcher used one core.
+int ThreadsPerRank(const Flags& f, const comm::World& world) {
+  if (f.threads > 0) return f.threads;
+  for (const char* name : {"FSDP2_THREADS", "OMP_NUM_THREADS"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && std::atoi(value) > 0) return std::atoi(value);
+  }
+  const auto& hosts = world.hosts();
+  const auto here = std::count(hosts.begin(), hosts.end(), hosts[world.rank()]);
+  return std::max<int>(1, static_cast<int>(std::thread::hardware_concurrency() / here));
+}
+
 int RunRank(const Flags& f) {
-  const char* threads_env = std::getenv("FSDP2_THREADS");
-  at::set_num_threads(f.threads > 0 ? f.threads
-                                    : (threads_env ? std::atoi(threads_env) : 1));
   strategy::FSDP2StrategyOptions options;
   options.sharding_strategy = fsdp::ParseShardingStrategy(f.strategy);
   // Explicit: data parallelism over whatever tensor parallelism leaves.
@@ -343,6 +359,8 @@ int RunRank(const Flags& f) {
   options.timeout = std::chrono::seconds(f.timeout_s);
   strategy::FSDP2Strategy strategy(options);
   strategy.setup_environment();
+  const int threads = ThreadsPerRank(f, *strategy.world());
+  at::set_num_threads(threads);
   const int rank = strategy.world()->rank();
 
   at::Tensor tokens = LoadTokens(f);
@@ -448,8 +466,8 @@ int RunRank(const Flags& f) {
                 (long long)f.batch_size, f.grad_accum,
                 fsdp::ToString(options.sharding_strategy),
                 strategy.fsdp_mesh()->ToString().c_str(), f.mixed_precision.c_str());
-    std::printf("hosts: %d; gloo: %s\n", strategy.world()->num_hosts(),
-                strategy.world()->network().c_str());
+    std::printf("hosts: %d; gloo: %s; threads per rank: %d\n", strategy.world()->num_hosts(),
+                strategy.world()->network().c_str(), threads);
     if (f.activation_checkpointing == 1) {
       std::printf("activation checkpointing: %s, %zu of %lld blocks recomputed in backward\n",
                   options.activation_checkpointing.ToString().c_str(),

@@ -149,9 +149,15 @@ for r in 0 1; do
   fi
 done
 port=$(( 20000 + RANDOM % 20000 ))
-outside=$(env -u LD_PRELOAD -u OPENBLAS_CORETYPE -u OMP_WAIT_POLICY RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+outside=$(env -u LD_PRELOAD -u OPENBLAS_CORETYPE -u OMP_WAIT_POLICY -u OMP_NUM_THREADS \
+  -u FSDP2_THREADS RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 "$train" --steps 1 "${common[@]}" \
-  --out-dir "$tmp/o8" 2>&1) || { echo "torchrun-style rank failed"; echo "$outside"; exit 1; }
+  --threads 0 --out-dir "$tmp/o8" 2>&1) || { echo "torchrun-style rank failed"; echo "$outside"; exit 1; }
+# Alone on its host with no thread count given, it takes every core.
+cores=$(getconf _NPROCESSORS_ONLN)
+if ! grep -q "threads per rank: $cores\$" <<<"$outside"; then
+  echo "FAIL: a rank alone on its host should use all $cores cores:"; echo "$outside"; fail=1
+fi
 if ! grep -q "rank 0: .*allocator tcmalloc" <<<"$outside"; then
   echo "FAIL: a rank started by an outside launcher does not restart with tcmalloc:"
   echo "$outside"; fail=1
