@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -132,9 +133,10 @@ void ReexecWithRankEnvironment(int argc, char** argv) {
   }
   const auto env = CpuPerformanceEnv();
   if (env.empty()) return;
-  std::map<std::string, const char*> before;
+  std::map<std::string, std::optional<std::string>> before;
   for (const auto& [name, value] : env) {
-    before[name] = std::getenv(name.c_str());
+    const char* old = std::getenv(name.c_str());
+    before[name] = old != nullptr ? std::optional<std::string>(old) : std::nullopt;
     setenv(name.c_str(), value.c_str(), 1);
   }
   setenv(kRankEnvExecMarker, "1", 1);
@@ -144,8 +146,8 @@ void ReexecWithRankEnvironment(int argc, char** argv) {
             << std::strerror(errno) << "); training without it\n";
   unsetenv(kRankEnvExecMarker);
   for (const auto& [name, value] : before) {
-    if (value != nullptr) {
-      setenv(name.c_str(), value, 1);
+    if (value) {
+      setenv(name.c_str(), value->c_str(), 1);
     } else {
       unsetenv(name.c_str());
     }

@@ -97,15 +97,28 @@ void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank) {
                "MixedPrecisionPolicy) unless you need it\n";
 }
 
-// The first rank of each host says when OpenBLAS fell back to its generic
-// kernels (launch::BlasCoreAdvice): a rank an outside launcher started in
-// Python, Java or C cannot restart itself with OPENBLAS_CORETYPE as the main
-// job does, so its user must set it.
-void WarnIfBlasIsGeneric(int local_rank) {
-  if (local_rank != 0 || std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
-  const std::string advice =
-      launch::BlasCoreAdvice(launch::BlasCore(), launch::RecommendedBlasCore());
-  if (!advice.empty()) std::cerr << "fsdp2: warning: " << advice << "\n";
+// The first rank of each host says what its process lacks of the local
+// launcher's rank environment (launch::CpuPerformanceEnv): a rank an outside
+// launcher started in Python, Java or C has loaded OpenBLAS and malloc
+// before fsdp2 could act, so unlike the main job it cannot restart itself
+// with them, and its user must set them.
+void WarnIfRankEnvironmentIsMissing(int local_rank) {
+  if (local_rank != 0) return;
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    const std::string advice =
+        launch::BlasCoreAdvice(launch::BlasCore(), launch::RecommendedBlasCore());
+    if (!advice.empty()) std::cerr << "fsdp2: warning: " << advice << "\n";
+  }
+  const auto env = launch::CpuPerformanceEnv();
+  const auto preload = env.find("LD_PRELOAD");
+  if (preload != env.end()) {
+    std::cerr << "fsdp2: warning: this process runs with glibc's malloc, which hands "
+                 "large freed blocks back to the kernel and faults them in again every "
+                 "step (README, \"Allocator\"); start it with LD_PRELOAD="
+              << preload->second
+              << " as fsdp2's local launcher does, or set FSDP2_ALLOCATOR=system to "
+                 "silence this\n";
+  }
 }
 
 }  // namespace
@@ -285,7 +298,7 @@ void FSDP2Strategy::setup_environment() {
                                                       : RanksPerHost(world_ptr->hosts()));
   }
   world_ = std::move(world_ptr);
-  WarnIfBlasIsGeneric(cluster_.local_rank);
+  WarnIfRankEnvironmentIsMissing(cluster_.local_rank);
   dp_size_ = dp;
   tp_size_ = tp;
   mesh_ = comm::DeviceMesh::Create(world_, {dp, tp}, {"dp", "tp"});

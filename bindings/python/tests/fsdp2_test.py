@@ -401,6 +401,23 @@ def test_long_calls_release_the_gil(tmp_path):
                 os.environ[k] = v
 
 
+def _setup_stderr(**env_changes):
+    """stderr of a process that calls setup_environment() as one rank of an
+    outside launcher, with os.environ changed (a value None removes it)."""
+    env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "FSDP2_STORE_PATH", "LD_PRELOAD", "FSDP2_ALLOCATOR"):
+        env.pop(k, None)
+    for k, v in env_changes.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    r = subprocess.run([sys.executable, __file__, "--worker", "setup_without_blas_core", "-"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stderr
+
+
 def test_generic_openblas_kernels_are_reported_with_the_fix():
     """OpenBLAS falls back to its generic Prescott kernels on CPUs it does not
     know (a Xeon model 207: 28 against 138 GFLOP/s), and a Python rank loaded
@@ -412,22 +429,22 @@ def test_generic_openblas_kernels_are_reported_with_the_fix():
                       if line.startswith("flags")), " ")
     best = ("SkylakeX" if " avx512f " in flags and " avx512bw " in flags
             else "Haswell" if " avx2 " in flags else None)
-
-    def stderr_of(core):
-        env = dict(os.environ, OPENBLAS_CORETYPE=core)
-        for k in ("RANK", "WORLD_SIZE", "FSDP2_STORE_PATH"):
-            env.pop(k, None)
-        r = subprocess.run([sys.executable, __file__, "--worker", "setup_without_blas_core", "-"],
-                           env=env, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        return r.stderr
-
-    generic = stderr_of("Prescott")
+    generic = _setup_stderr(OPENBLAS_CORETYPE="Prescott", FSDP2_ALLOCATOR="system")
     if best is None:
         assert "OPENBLAS_CORETYPE" not in generic, generic
     else:
         assert f"Start this process with OPENBLAS_CORETYPE={best}" in generic, generic
-        assert "OPENBLAS_CORETYPE" not in stderr_of(best)
+        assert "OPENBLAS_CORETYPE" not in _setup_stderr(OPENBLAS_CORETYPE=best,
+                                                        FSDP2_ALLOCATOR="system")
+
+
+def test_a_rank_without_the_allocator_is_told_how_to_start():
+    """A Python rank an outside launcher started without tcmalloc (installed by
+    scripts/setup.sh) is told the LD_PRELOAD that the local launcher gives
+    its ranks; FSDP2_ALLOCATOR=system silences it."""
+    plain = _setup_stderr()
+    assert "start it with LD_PRELOAD=" in plain and "libtcmalloc" in plain, plain
+    assert "LD_PRELOAD" not in _setup_stderr(FSDP2_ALLOCATOR="system")
 
 
 def test_two_ranks_equal_one_rank():
