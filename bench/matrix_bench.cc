@@ -82,11 +82,25 @@ struct Cell {
   int nproc = 0, threads = 0;
   int64_t tokens = 0;  // per step, all ranks
   std::vector<double> step_s;
+  std::vector<double> round_step_s;  // the median step of each round
   double peak_rss_mib = 0, peak_process_mib = 0, exposed_s = 0;
 };
 
 double Step(const Cell& c) { return Median(c.step_s); }
 double TokensPerS(const Cell& c) { return c.tokens / Step(c); }
+
+// a's speed over b's (tokens/s when `tokens`, else step time a / b) in each
+// round: the machine's speed drifts over minutes (one core's SGEMM measured
+// 103 to 137 GFLOP/s a second apart), and two cells of one round ran
+// seconds apart.
+std::vector<double> RoundRatios(const Cell& a, const Cell& b, bool tokens) {
+  std::vector<double> ratios;
+  for (size_t i = 0; i < a.round_step_s.size() && i < b.round_step_s.size(); ++i) {
+    const double ta = a.round_step_s[i], tb = b.round_step_s[i];
+    ratios.push_back(tokens ? (a.tokens / ta) / (b.tokens / tb) : ta / tb);
+  }
+  return ratios;
+}
 
 int RunParent(flags::Flags& flags, const std::string& self) {
   const bool quick = flags.Int("quick", 0, "1: fewer steps, one round") != 0;
@@ -166,6 +180,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
         if (!py.ok) throw std::runtime_error("Python DDP failed: " + py.error);
         torch_version = py.torch_version;
         c.step_s.push_back(py.median_step_s);
+        c.round_step_s.push_back(py.median_step_s);
         c.peak_process_mib = std::max(c.peak_process_mib, py.peak_rss_mib);
         continue;
       }
@@ -179,6 +194,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
       }
       const Results r = RunConfiguration(self, c.nproc, c.threads, args);
       for (double s : Values(r, "step_s")) c.step_s.push_back(s);
+      c.round_step_s.push_back(Median(Values(r, "step_s")));
       c.peak_rss_mib = std::max(c.peak_rss_mib, Value(r, "peak_rss_mib"));
       c.peak_process_mib = std::max(c.peak_process_mib, Value(r, "peak_process_mib"));
       double exposed = 0;
@@ -250,7 +266,16 @@ int RunParent(flags::Flags& flags, const std::string& self) {
     if (!a || !b) return;
     const double r = tokens ? TokensPerS(*a) / TokensPerS(*b)
                             : Step(*a) / Step(*b);
-    std::printf("  %-52s %6.2f   (target %s)\n", what, r, target);
+    std::vector<double> rounds = RoundRatios(*a, *b, tokens);
+    std::string paired;
+    if (rounds.size() > 1) {
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "   [by round: median %.2f, %.2f to %.2f]",
+                    Median(rounds), *std::min_element(rounds.begin(), rounds.end()),
+                    *std::max_element(rounds.begin(), rounds.end()));
+      paired = buf;
+    }
+    std::printf("  %-52s %6.2f   (target %s)%s\n", what, r, target, paired.c_str());
   };
   auto memory_line = [&](const char* what, const Cell* a, const Cell* b,
                          const char* target) {
