@@ -20,6 +20,8 @@
 //
 // Under torchrun, srun or mpirun (RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK
 // set) each process is one rank and --nproc is ignored.
+#include <sched.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -324,18 +326,24 @@ std::string OutputPath(const Flags& f, const std::string& name) {
 
 // Threads for this rank: --threads, else FSDP2_THREADS (the local
 // launcher's cores / nproc), else OMP_NUM_THREADS (torchrun sets 1; srun and
-// mpirun users set it), else this host's cores shared among the ranks
-// found on it at rendezvous. It used to be 1 whenever the first two were
-// unset, so a rank alone on a host of an outside launcher used one core.
+// mpirun users set it), else the cores this process may run on (its CPU
+// affinity, which a launcher that binds ranks has narrowed) shared among
+// the ranks found on its host at rendezvous; never more than there are. It
+// used to be 1 whenever the first two were unset, so a rank alone on a
+// host of an outside launcher used one core.
 int ThreadsPerRank(const Flags& f, const comm::World& world) {
   if (f.threads > 0) return f.threads;
   for (const char* name : {"FSDP2_THREADS", "OMP_NUM_THREADS"}) {
     const char* value = std::getenv(name);
     if (value != nullptr && std::atoi(value) > 0) return std::atoi(value);
   }
+  cpu_set_t allowed;
+  const int cores = sched_getaffinity(0, sizeof(allowed), &allowed) == 0
+                        ? CPU_COUNT(&allowed)
+                        : static_cast<int>(std::thread::hardware_concurrency());
   const auto& hosts = world.hosts();
   const auto here = std::count(hosts.begin(), hosts.end(), hosts[world.rank()]);
-  return std::max<int>(1, static_cast<int>(std::thread::hardware_concurrency() / here));
+  return std::max<int>(1, cores / static_cast<int>(here));
 }
 
 int RunRank(const Flags& f) {

@@ -6,6 +6,8 @@ set -uo pipefail
 train="$1"
 tmp="${TEST_TMPDIR:-/tmp}"
 fail=0
+# As on users' machines: the launcher, not the caller, picks OpenBLAS's core.
+unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 
 run() { timeout 300 "$train" "$@" 2>&1; }
 losses() { grep -o ' loss [0-9][0-9.]*' | awk '{print $2}'; }
@@ -151,10 +153,10 @@ done
 port=$(( 20000 + RANDOM % 20000 ))
 outside=$(env -u LD_PRELOAD -u OPENBLAS_CORETYPE -u OMP_WAIT_POLICY -u OMP_NUM_THREADS \
   -u FSDP2_THREADS RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 "$train" --steps 1 "${common[@]}" \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 "$train" "${common[@]}" --steps 1 \
   --threads 0 --out-dir "$tmp/o8" 2>&1) || { echo "torchrun-style rank failed"; echo "$outside"; exit 1; }
 # Alone on its host with no thread count given, it takes every core.
-cores=$(getconf _NPROCESSORS_ONLN)
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # the CPUs this test may use
 if ! grep -q "threads per rank: $cores\$" <<<"$outside"; then
   echo "FAIL: a rank alone on its host should use all $cores cores:"; echo "$outside"; fail=1
 fi

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <strings.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -87,7 +88,7 @@ std::string BlasCoreAdvice(const std::string& active, const std::string& recomme
   // OpenBLAS 0.3.21 (Debian 12) falls back to its Prescott (SSE3) kernels
   // on CPUs it does not know, such as a Xeon model 207: 28 GFLOP/s for a
   // 1024x768x3072 SGEMM on one core there, 138 with SkylakeX.
-  if (active != "Prescott" || recommended.empty()) return "";
+  if (strcasecmp(active.c_str(), "Prescott") != 0 || recommended.empty()) return "";
   return "OpenBLAS did not recognise this CPU and runs its generic Prescott "
          "(SSE3) kernels, several times slower for matrix products than the " +
          recommended + " kernels this CPU supports. Start this process with "
@@ -124,10 +125,16 @@ void ReexecWithRankEnvironment(int argc, char** argv) {
   const bool second_run = std::getenv(kRankEnvExecMarker) != nullptr;
   unsetenv(kRankEnvExecMarker);  // not inherited by what this process starts
   if (second_run) {
+    // Restarted with the allocator preloaded (never under AddressSanitizer,
+    // where the restart was for the other variables), yet it is not there.
     const std::string wanted = RequestedAllocator();
-    if (wanted != "system" && ActiveAllocator() != wanted && !AllocatorLibrary(wanted).empty()) {
+    const std::string library = AllocatorLibrary(wanted);
+    const char* preload = std::getenv("LD_PRELOAD");
+    if (!library.empty() && preload != nullptr &&
+        std::string(preload).find(library) != std::string::npos &&
+        ActiveAllocator() != wanted) {
       std::cerr << "fsdp2: " << wanted << " was preloaded but is not active; "
-                << "training with the system allocator\n";
+                << "training with the " << ActiveAllocator() << " allocator\n";
     }
     return;
   }
@@ -142,8 +149,9 @@ void ReexecWithRankEnvironment(int argc, char** argv) {
   setenv(kRankEnvExecMarker, "1", 1);
   execv("/proc/self/exe", argv);
   // Still here: exec failed. Train on, with what we have.
+  const int error = errno;
   std::cerr << "fsdp2: could not restart with the rank environment ("
-            << std::strerror(errno) << "); training without it\n";
+            << std::strerror(error) << "); training without it\n";
   unsetenv(kRankEnvExecMarker);
   for (const auto& [name, value] : before) {
     if (value) {

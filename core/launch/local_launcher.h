@@ -74,24 +74,29 @@ std::string BlasCore();
 std::string BlasCoreAdvice(const std::string& active, const std::string& recommended);
 
 // The environment LibTorch wants for fast CPU training here: the OpenBLAS
-// core type matching this CPU's vector units, when it can tell,
+// core type matching this CPU's vector units, when it can tell (set even
+// where OpenBLAS knows the CPU, as the launcher always has, so that a rank
+// an outside launcher started gets what a launched rank gets; on the AVX2
+// AMD EPYC here OpenBLAS's own choice and Haswell measured alike),
 // OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep instead of spinning between
 // parallel regions), each left out when the caller already set it, and
 // LD_PRELOAD with the allocator of allocator.h put in front of the caller's
 // own LD_PRELOAD (left out when nothing is to be added, or when this
-// process already runs with that allocator). A launcher assigns every
-// variable returned.
+// process already runs with that allocator: then so do the programs it
+// starts, unless it got the allocator some other way than LD_PRELOAD). A
+// launcher assigns every variable returned.
 std::map<std::string, std::string> CpuPerformanceEnv();
 
 // For the entry point of a program that trains, started as one rank by an
 // outside launcher (torchrun, srun, mpirun): these variables are read when
 // the libraries load, before main, so if CpuPerformanceEnv() has anything
 // to add, re-executes the program (/proc/self/exe with the same argv) with
-// it, once, and does not return. Otherwise returns. Without it such a rank
-// ran with glibc's malloc and, on CPUs OpenBLAS does not know, its generic
-// kernels: the main job's step at N = 2 took 128-175 ms against 46-62 ms
-// on a Xeon model 207. FSDP2_RANK_ENV_EXEC marks the second run, so a
-// library that cannot be preloaded never loops.
+// it, once, and does not return. Otherwise returns. When such a rank was
+// restarted for the allocator alone, it ran OpenBLAS's generic kernels on
+// CPUs OpenBLAS does not know: the default main job's step at N = 2 took 128-175 ms against
+// 46-66 ms on a Xeon model 207, the 3.3M GPT's 803-905 ms against 243-251.
+// FSDP2_RANK_ENV_EXEC marks the second run, so a library that cannot be
+// preloaded never loops.
 void ReexecWithRankEnvironment(int argc, char** argv);
 
 // A TCP port on 127.0.0.1 that was free a moment ago.

@@ -9,8 +9,10 @@
 #include "core/launch/allocator.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -27,6 +29,10 @@ int RankMain(const std::string& mode, int argc, char** argv) {
     return 0;
   }
   if (mode == "reexec") {  // as the main job does under an outside launcher
+    {  // one line per run of this process, restarts included
+      std::ofstream runs(std::getenv("FSDP2_TEST_RUNS_FILE"), std::ios::app);
+      runs << "run\n";
+    }
     ReexecWithRankEnvironment(argc, argv);
     auto value = [](const char* name) {
       const char* v = std::getenv(name);
@@ -142,8 +148,11 @@ TEST(LocalLauncher, TheCallersPreloadIsKept) {
 // Runs this binary as one rank of an outside launcher (torchrun, srun,
 // mpirun: RANK set, nothing of CpuPerformanceEnv) in mode "reexec", with
 // `env` changed by `edit`; returns what it printed.
-std::string RunOutsideRank(const std::map<std::string, std::string>& edit) {
+std::string RunOutsideRank(const std::map<std::string, std::string>& edit, int* runs) {
+  const std::string runs_file = ::testing::TempDir() + "/outside_rank_runs";
+  std::remove(runs_file.c_str());
   auto env = CurrentEnvironment();
+  env["FSDP2_TEST_RUNS_FILE"] = runs_file;
   for (const char* name : {"LD_PRELOAD", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY"}) env.erase(name);
   env["RANK"] = "0";
   env["WORLD_SIZE"] = "1";
@@ -160,6 +169,9 @@ std::string RunOutsideRank(const std::map<std::string, std::string>& edit) {
   int status = 0;
   waitpid(pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) out += "\n(rank failed)";
+  std::ifstream lines(runs_file);
+  *runs = 0;
+  for (std::string line; std::getline(lines, line);) ++*runs;
   return out;
 }
 
@@ -168,7 +180,9 @@ std::string RunOutsideRank(const std::map<std::string, std::string>& edit) {
 // waiting, and the restarted run does not see the marker of its restart.
 TEST(LocalLauncher, AnOutsideRankRestartsWithTheRankEnvironment) {
   const std::string core = RecommendedBlasCore();
-  const std::string out = RunOutsideRank({});
+  int runs = 0;
+  const std::string out = RunOutsideRank({}, &runs);
+  EXPECT_EQ(runs, 2) << "it should restart exactly once\n" << out;
   const std::string expected = "rank 0 allocator tcmalloc blas core " +
                                (core.empty() ? std::string("(unset)") : core) +
                                " wait policy PASSIVE marker (unset)";
@@ -176,11 +190,13 @@ TEST(LocalLauncher, AnOutsideRankRestartsWithTheRankEnvironment) {
 }
 
 // What the user set wins, and a process that has everything does not
-// restart (it would print the marker's absence either way, so the test
-// checks that values the user chose survive instead).
+// restart.
 TEST(LocalLauncher, AnOutsideRankKeepsTheUsersChoices) {
+  int runs = 0;
   const std::string out = RunOutsideRank(
-      {{"OPENBLAS_CORETYPE", "Prescott"}, {"OMP_WAIT_POLICY", "ACTIVE"}, {"FSDP2_ALLOCATOR", "system"}});
+      {{"OPENBLAS_CORETYPE", "Prescott"}, {"OMP_WAIT_POLICY", "ACTIVE"}, {"FSDP2_ALLOCATOR", "system"}},
+      &runs);
+  EXPECT_EQ(runs, 1) << out;
   EXPECT_NE(out.find("rank 0 allocator system blas core Prescott wait policy ACTIVE marker (unset)"),
             std::string::npos)
       << out;
@@ -191,6 +207,7 @@ TEST(LocalLauncher, OpenBlasFallbackIsReported) {
             std::string::npos);
   EXPECT_NE(BlasCoreAdvice("Prescott", "Haswell").find("OPENBLAS_CORETYPE=Haswell"),
             std::string::npos);
+  EXPECT_NE(BlasCoreAdvice("PRESCOTT", "SkylakeX"), "");  // a build for one CPU type
   EXPECT_EQ(BlasCoreAdvice("Prescott", ""), "");  // nothing faster fits
   EXPECT_EQ(BlasCoreAdvice("SkylakeX", "SkylakeX"), "");
   EXPECT_EQ(BlasCoreAdvice("Zen", "Haswell"), "");  // OpenBLAS knew the CPU

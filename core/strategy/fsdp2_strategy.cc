@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/fsdp/unit_plan.h"
+#include "core/launch/allocator.h"
 #include "core/launch/local_launcher.h"
 #include "core/tp/clip_grad.h"
 #include "core/tp/parallelize.h"
@@ -97,13 +98,16 @@ void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank) {
                "MixedPrecisionPolicy) unless you need it\n";
 }
 
-// The first rank of each host says what its process lacks of the local
-// launcher's rank environment (launch::CpuPerformanceEnv): a rank an outside
-// launcher started in Python, Java or C has loaded OpenBLAS and malloc
-// before fsdp2 could act, so unlike the main job it cannot restart itself
-// with them, and its user must set them.
-void WarnIfRankEnvironmentIsMissing(int local_rank) {
-  if (local_rank != 0) return;
+// The first rank of each host (as found at rendezvous) says when its
+// process lacks what matters most of the local launcher's rank environment
+// (launch::CpuPerformanceEnv): the allocator, and the OpenBLAS core type
+// where OpenBLAS fell back to its generic kernels. A rank an outside
+// launcher started in Python, Java or C loaded both before fsdp2 could act,
+// so unlike the main job it cannot restart itself with them.
+void WarnIfRankEnvironmentIsMissing(const comm::World& world) {
+  const auto& hosts = world.hosts();
+  const auto first_here = std::find(hosts.begin(), hosts.end(), hosts[world.rank()]);
+  if (first_here - hosts.begin() != world.rank()) return;
   if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
     const std::string advice =
         launch::BlasCoreAdvice(launch::BlasCore(), launch::RecommendedBlasCore());
@@ -112,10 +116,14 @@ void WarnIfRankEnvironmentIsMissing(int local_rank) {
   const auto env = launch::CpuPerformanceEnv();
   const auto preload = env.find("LD_PRELOAD");
   if (preload != env.end()) {
-    std::cerr << "fsdp2: warning: this process runs with glibc's malloc, which hands "
-                 "large freed blocks back to the kernel and faults them in again every "
-                 "step (README, \"Allocator\"); start it with LD_PRELOAD="
-              << preload->second
+    const std::string active = launch::ActiveAllocator();
+    std::cerr << "fsdp2: warning: this process runs with "
+              << (active == "system" ? "glibc's malloc, which hands large freed blocks back "
+                                       "to the kernel and faults them in again every step "
+                                       "(README, \"Allocator\"),"
+                                     : active)
+              << " instead of " << launch::RequestedAllocator()
+              << "; start it with LD_PRELOAD=" << preload->second
               << " as fsdp2's local launcher does, or set FSDP2_ALLOCATOR=system to "
                  "silence this\n";
   }
@@ -298,7 +306,7 @@ void FSDP2Strategy::setup_environment() {
                                                       : RanksPerHost(world_ptr->hosts()));
   }
   world_ = std::move(world_ptr);
-  WarnIfRankEnvironmentIsMissing(cluster_.local_rank);
+  WarnIfRankEnvironmentIsMissing(*world_);
   dp_size_ = dp;
   tp_size_ = tp;
   mesh_ = comm::DeviceMesh::Create(world_, {dp, tp}, {"dp", "tp"});
