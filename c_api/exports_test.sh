@@ -10,7 +10,8 @@ if [[ -n "$others" ]]; then
 fi
 for f in fsdp2_strategy_create fsdp2_strategy_training_step fsdp2_strategy_save_checkpoint \
          fsdp2_last_error fsdp2_model_create fsdp2_dataloader_create_from_token_file \
-         fsdp2_allocator fsdp2_strategy_load_model_state_dict_file \
+         fsdp2_allocator fsdp2_restart_with_rank_environment \
+         fsdp2_strategy_load_model_state_dict_file \
          fsdp2_strategy_save_checkpoint_ex fsdp2_strategy_wait_for_checkpoint \
          fsdp2_launch_local_with_restarts fsdp2_restart_count \
          fsdp2_memory_stats_init fsdp2_strategy_memory_stats \

@@ -69,7 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 3 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats */
+#define FSDP2_ABI_VERSION_MINOR 4 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -150,6 +150,17 @@ FSDP2_API fsdp2_status_t fsdp2_restart_count(int32_t* restart_count);
  * "jemalloc" or "system" (glibc's malloc faults large buffers in afresh
  * every step: see the README). Static storage; never NULL. */
 FSDP2_API const char* fsdp2_allocator(void);
+
+/* ABI 1.4. For a rank an outside launcher (torchrun, srun, mpirun) started:
+ * the allocator and OpenBLAS's core type are read when a process loads them,
+ * so when this process lacks what fsdp2_launch_local gives its ranks
+ * (tcmalloc through LD_PRELOAD, OPENBLAS_CORETYPE on CPUs OpenBLAS does not
+ * know, OMP_WAIT_POLICY=PASSIVE), re-executes /proc/self/exe with `argv` (the
+ * whole command line, an interpreter's own arguments included; borrowed)
+ * and those variables added, once, and does not return. Otherwise, or if
+ * the restart fails (said on stderr), returns FSDP2_OK. Variables the caller
+ * set are kept. Call it first thing; anything done before is done twice. */
+FSDP2_API fsdp2_status_t fsdp2_restart_with_rank_environment(int argc, char** argv);
 
 /* ------------------------------------------------------------------------
  * Tensors: caller-owned buffers described by pointer, dtype and shape

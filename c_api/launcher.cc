@@ -1,8 +1,10 @@
 // fsdp2/c_api/launcher.cc
 //
-// Launching ranks: fsdp2_is_rank_process, fsdp2_launch_local and
-// fsdp2_allocator over core/launch and the cluster environment.
+// Launching ranks: fsdp2_is_rank_process, fsdp2_launch_local,
+// fsdp2_restart_with_rank_environment and fsdp2_allocator over core/launch
+// and the cluster environment.
 #include <string>
+#include <vector>
 
 #include "c_api/fsdp2.h"
 #include "c_api/internal/api_impl.h"
@@ -51,6 +53,16 @@ fsdp2_status_t fsdp2_restart_count(int32_t* restart_count) {
   FSDP2_API_BEGIN
   NotNull(restart_count, "restart_count");
   *restart_count = fsdp2::launch::RestartCount();
+  FSDP2_API_END
+}
+
+fsdp2_status_t fsdp2_restart_with_rank_environment(int argc, char** argv) {
+  FSDP2_API_BEGIN
+  Require(argc >= 1 && argv != nullptr, "argv must hold at least the program name");
+  std::vector<char*> args;  // NULL-terminated for execv, whatever the caller passed
+  for (int i = 0; i < argc; ++i) args.push_back(NotNull(argv[i], "argv[i]"));
+  args.push_back(nullptr);
+  fsdp2::launch::ReexecWithRankEnvironment(argc, args.data());
   FSDP2_API_END
 }
 

@@ -28,6 +28,9 @@ def main():
 
     if not fsdp2.is_rank_process():
         sys.exit(fsdp2.launch_local(args.nproc))
+    # A rank of torchrun, srun or mpirun: restart once with the allocator and
+    # the OpenBLAS core type that launch_local gives its ranks.
+    fsdp2.restart_with_rank_environment()
 
     with fsdp2.FSDP2Strategy(precision=args.precision, seed=1337) as strategy:
         strategy.setup_environment()

@@ -78,6 +78,9 @@ int main(int argc, char** argv) {
     CHECK(fsdp2_launch_local(nproc, 0, argc, argv, &exit_code));
     return exit_code;
   }
+  /* A rank of torchrun, srun or mpirun: restart once with the allocator and
+   * the OpenBLAS core type that fsdp2_launch_local gives its ranks. */
+  CHECK(fsdp2_restart_with_rank_environment(argc, argv));
 
   fsdp2_strategy_options_init(&options);
   snprintf(json, sizeof(json), "{\"precision\": \"%s\", \"seed\": 1337}", precision);

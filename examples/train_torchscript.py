@@ -151,6 +151,7 @@ def main():
         if args.model is None:
             sys.exit("train_torchscript.py: under a launcher, export first (--export PATH) "
                      "and pass --model PATH")
+        fsdp2.restart_with_rank_environment()  # as launch_local's ranks run
         train(args)
         return 0
     # Started by hand: export (unless given a file), then run the ranks.

@@ -93,8 +93,10 @@ std::string BlasCoreAdvice(const std::string& active, const std::string& recomme
          "(SSE3) kernels, several times slower for matrix products than the " +
          recommended + " kernels this CPU supports. Start this process with "
          "OPENBLAS_CORETYPE=" + recommended +
-         " (it is read when the library loads); fsdp2's local launcher and "
-         "main job set it themselves";
+         " (it is read when the library loads), or call "
+         "fsdp2_restart_with_rank_environment() (Python: "
+         "fsdp2.restart_with_rank_environment()) first thing; fsdp2's local "
+         "launcher and main job set it themselves";
 }
 
 std::map<std::string, std::string> CpuPerformanceEnv() {

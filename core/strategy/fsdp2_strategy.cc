@@ -103,7 +103,8 @@ void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank) {
 // (launch::CpuPerformanceEnv): the allocator, and the OpenBLAS core type
 // where OpenBLAS fell back to its generic kernels. A rank an outside
 // launcher started in Python, Java or C loaded both before fsdp2 could act,
-// so unlike the main job it cannot restart itself with them.
+// so unlike the main job it does not restart itself with them unless it
+// calls fsdp2_restart_with_rank_environment.
 void WarnIfRankEnvironmentIsMissing(const comm::World& world) {
   const auto& hosts = world.hosts();
   const auto first_here = std::find(hosts.begin(), hosts.end(), hosts[world.rank()]);
@@ -124,8 +125,10 @@ void WarnIfRankEnvironmentIsMissing(const comm::World& world) {
                                      : active)
               << " instead of " << launch::RequestedAllocator()
               << "; start it with LD_PRELOAD=" << preload->second
-              << " as fsdp2's local launcher does, or set FSDP2_ALLOCATOR=system to "
-                 "silence this\n";
+              << " as fsdp2's local launcher does (or call "
+                 "fsdp2_restart_with_rank_environment(), Python: "
+                 "fsdp2.restart_with_rank_environment(), first thing), or set "
+                 "FSDP2_ALLOCATOR=system to silence this\n";
   }
 }
 

@@ -34,6 +34,7 @@ __all__ = [
     "InternalError", "FSDP2Strategy", "Model",
     "Optimizer", "TokenDataLoader", "StepResult", "launch_local",
     "is_rank_process", "version", "abi_version", "allocator", "restart_count",
+    "restart_with_rank_environment",
     "MEMORY_STATS",
 ]
 
@@ -579,6 +580,21 @@ def launch_local(nproc, argv=None, threads_per_rank=0, max_restarts=0):
     args = [sys.executable] + list(sys.argv if argv is None else argv)
     return _c.fsdp2_launch_local_with_restarts(int(nproc), int(threads_per_rank),
                                                int(max_restarts), args)
+
+
+def restart_with_rank_environment(argv=None):
+    """For a rank an outside launcher (torchrun, srun, mpirun) started: the
+    allocator and OpenBLAS's core type are read when a process loads them,
+    so when this process lacks what launch_local gives its ranks (tcmalloc
+    through LD_PRELOAD, OPENBLAS_CORETYPE on CPUs OpenBLAS does not know,
+    OMP_WAIT_POLICY=PASSIVE), runs this program again in its place with them,
+    once, and does not return; otherwise returns. Call it first thing: what
+    ran before runs twice. `argv`: the whole command line (default
+    sys.orig_argv, the interpreter's own arguments included)."""
+    args = list(sys.orig_argv if argv is None else argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _c.fsdp2_restart_with_rank_environment(args)
 
 
 def restart_count():

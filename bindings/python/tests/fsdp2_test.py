@@ -125,6 +125,17 @@ def worker(scenario, out, *args):
         os.environ.pop("OPENBLAS_CORETYPE", None)
         with fsdp2.FSDP2Strategy() as s:
             s.setup_environment()
+    elif scenario == "restart_then_setup":
+        # A rank script's first lines under an outside launcher; OUT counts
+        # the runs of this process.
+        with open(out, "a") as f:
+            f.write("run\n")
+        fsdp2.restart_with_rank_environment()
+        with fsdp2.FSDP2Strategy() as s:
+            s.setup_environment()
+        print("allocator", fsdp2.allocator(),
+              "core", os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+              "wait", os.environ.get("OMP_WAIT_POLICY", "(unset)"), flush=True)
     elif scenario == "barrier_after":
         import time
         with fsdp2.FSDP2Strategy(timeout_ms=20000) as s:
@@ -450,6 +461,35 @@ def test_a_rank_without_the_allocator_is_told_how_to_start():
     plain = _setup_stderr()
     assert "start it with LD_PRELOAD=" in plain and "libtcmalloc" in plain, plain
     assert "LD_PRELOAD" not in _setup_stderr(FSDP2_ALLOCATOR="system")
+
+
+def test_an_outside_rank_restarts_with_the_rank_environment(tmp_path):
+    """restart_with_rank_environment() first thing in a rank an outside
+    launcher started runs the program again, once, with tcmalloc and the rest
+    of what launch_local gives its ranks; setup_environment() then has
+    nothing to warn about. A process that has it all does not restart."""
+    def run(runs, **changes):
+        env = dict(os.environ)
+        for k in ("RANK", "WORLD_SIZE", "FSDP2_STORE_PATH", "LD_PRELOAD", "FSDP2_ALLOCATOR",
+                  "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY"):
+            env.pop(k, None)
+        env.update(changes)
+        r = subprocess.run([sys.executable, __file__, "--worker", "restart_then_setup", str(runs)],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r, runs.read_text().count("run")
+
+    r, runs = run(tmp_path / "bare")
+    assert runs == 2, r.stdout + r.stderr
+    assert "allocator tcmalloc" in r.stdout and "wait PASSIVE" in r.stdout, r.stdout
+    assert "warning" not in r.stderr, r.stderr
+    core = r.stdout.split(" core ")[1].split()[0]
+    kept = dict(FSDP2_ALLOCATOR="system", OMP_WAIT_POLICY="ACTIVE")
+    if core != "(unset)":
+        kept["OPENBLAS_CORETYPE"] = core
+    r, runs = run(tmp_path / "complete", **kept)
+    assert runs == 1, r.stdout + r.stderr
+    assert "allocator system" in r.stdout and "wait ACTIVE" in r.stdout, r.stdout
 
 
 def test_two_ranks_equal_one_rank():
