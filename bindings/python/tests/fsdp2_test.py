@@ -412,21 +412,24 @@ def test_long_calls_release_the_gil(tmp_path):
                 os.environ[k] = v
 
 
-def _setup_stderr(**env_changes):
-    """stderr of a process that calls setup_environment() as one rank of an
-    outside launcher, with os.environ changed (a value None removes it)."""
+def _outside_rank(scenario, out, **env_changes):
+    """Runs this file's worker `scenario` as one rank of an outside launcher:
+    none of what launch_local gives its ranks, os.environ changed by
+    `env_changes`. Returns the finished process (it must exit 0)."""
     env = dict(os.environ)
-    for k in ("RANK", "WORLD_SIZE", "FSDP2_STORE_PATH", "LD_PRELOAD", "FSDP2_ALLOCATOR"):
+    for k in ("RANK", "WORLD_SIZE", "FSDP2_STORE_PATH", "LD_PRELOAD", "FSDP2_ALLOCATOR",
+              "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY"):
         env.pop(k, None)
-    for k, v in env_changes.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    r = subprocess.run([sys.executable, __file__, "--worker", "setup_without_blas_core", "-"],
+    env.update(env_changes)
+    r = subprocess.run([sys.executable, __file__, "--worker", scenario, str(out)],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    return r.stderr
+    return r
+
+
+def _setup_stderr(**env_changes):
+    """stderr of an outside launcher's rank that calls setup_environment()."""
+    return _outside_rank("setup_without_blas_core", "-", **env_changes).stderr
 
 
 def test_generic_openblas_kernels_are_reported_with_the_fix():
@@ -469,14 +472,7 @@ def test_an_outside_rank_restarts_with_the_rank_environment(tmp_path):
     of what launch_local gives its ranks; setup_environment() then has
     nothing to warn about. A process that has it all does not restart."""
     def run(runs, **changes):
-        env = dict(os.environ)
-        for k in ("RANK", "WORLD_SIZE", "FSDP2_STORE_PATH", "LD_PRELOAD", "FSDP2_ALLOCATOR",
-                  "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY"):
-            env.pop(k, None)
-        env.update(changes)
-        r = subprocess.run([sys.executable, __file__, "--worker", "restart_then_setup", str(runs)],
-                           env=env, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
+        r = _outside_rank("restart_then_setup", runs, **changes)
         return r, runs.read_text().count("run")
 
     r, runs = run(tmp_path / "bare")
