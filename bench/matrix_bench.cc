@@ -9,7 +9,12 @@
 //   precision   fp32, and bf16 (engine: bf16 all-gather and compute, fp32
 //               master shards and reduction; PyTorch: CPU bf16 autocast)
 //   ranks       N = 1, 2, 4 (threads per rank: cores / N, at least 1)
-//   strategies  FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, and PyTorch DDP
+//   strategies  FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, and PyTorch DDP; for
+//               N > 1 also PyTorch with no communication at all (each rank
+//               trains its slice alone): the fastest any data-parallel step
+//               built from PyTorch's kernels can run on these cores, so its
+//               tokens/s over DDP's is the ceiling of engine / DDP for an
+//               engine whose model kernels are PyTorch's
 //
 // Per configuration: median step time (slowest rank), tokens/s, peak RSS per
 // rank (training; the process's own peak beside it), exposed communication
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/isa_peak.h"
 #include "bench/train_rank.h"
 #include "core/flags/flags.h"
 #include "core/launch/allocator.h"
@@ -77,8 +83,12 @@ std::string Bf16Support() {
   return s.empty() ? "no AVX-512" : s;
 }
 
+// The PyTorch rows: DDP, and the same ranks with no communication.
+const char kDdp[] = "ddp";
+const char kNoComm[] = "torch_no_comm";
+
 struct Cell {
-  std::string model, precision, strategy;  // strategy "ddp": PyTorch
+  std::string model, precision, strategy;  // kDdp, kNoComm: PyTorch
   int nproc = 0, threads = 0;
   int64_t tokens = 0;  // per step, all ranks
   std::vector<double> step_s;
@@ -116,6 +126,9 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   const int rounds = flags.Int("rounds", quick ? 1 : 2, "rounds over all configurations");
   const std::string python_ddp =
       flags.String("python-ddp", "auto", "1|0|auto: also run PyTorch's DDP");
+  const bool no_comm = flags.Int("torch-no-comm", 1,
+                                 "1: also PyTorch without communication (N > 1), "
+                                 "the ceiling of engine / DDP") != 0;
   flags.Finish();
   const int cores = Cores();
   bool want_python = python_ddp == "1" || (python_ddp == "auto" && PythonTorchAvailable());
@@ -136,6 +149,10 @@ int RunParent(flags::Flags& flags, const std::string& self) {
               "%d cores (bf16: %s); %d+%d steps x %d rounds; load %s\n",
               launch::RequestedAllocator().c_str(), cores, Bf16Support().c_str(), warmup,
               steps, rounds, LoadAverage().c_str());
+  // What bf16 can gain at most on this core, measured (without AMX, which
+  // oneDNN would use instead and this does not measure).
+  const IsaPeak peak = MeasureIsaPeak(launch::CpuFlags());
+  std::printf("one core's peak: %s\n", DescribeIsaPeak(peak).c_str());
   std::fflush(stdout);
 
   std::vector<Cell> cells;
@@ -143,7 +160,8 @@ int RunParent(flags::Flags& flags, const std::string& self) {
     for (const auto& p : precisions) {
       for (int64_t n : nprocs) {
         std::vector<std::string> kinds = strategies;
-        if (want_python) kinds.push_back("ddp");
+        if (want_python) kinds.push_back(kDdp);
+        if (want_python && no_comm && n > 1) kinds.push_back(kNoComm);
         for (const auto& s : kinds) {
           Cell c;
           c.model = m.name;
@@ -174,10 +192,13 @@ int RunParent(flags::Flags& flags, const std::string& self) {
       std::fprintf(stderr, "round %d/%d: %s %s N=%d %s\n", round + 1, rounds,
                    c.model.c_str(), c.precision.c_str(), c.nproc, c.strategy.c_str());
       const ModelFlags m = model_of(c);
-      if (c.strategy == "ddp") {
-        const PythonDdpResult py =
-            RunPythonDdp(m, c.nproc, c.threads, c.precision == "bf16", steps, warmup);
-        if (!py.ok) throw std::runtime_error("Python DDP failed: " + py.error);
+      if (c.strategy == kDdp || c.strategy == kNoComm) {
+        const PythonDdpResult py = RunPythonDdp(m, c.nproc, c.threads,
+                                                c.precision == "bf16", steps, warmup,
+                                                c.strategy == kNoComm);
+        if (!py.ok) {
+          throw std::runtime_error("Python " + c.strategy + " failed: " + py.error);
+        }
         torch_version = py.torch_version;
         c.step_s.push_back(py.median_step_s);
         c.round_step_s.push_back(py.median_step_s);
@@ -228,12 +249,12 @@ int RunParent(flags::Flags& flags, const std::string& self) {
                   "ranks x thr", "step ms", "tokens/s", "peak MiB/rk", "process MiB",
                   "exposed ms", "vs DDP", "vs fp32");
       for (int64_t n : nprocs) {
-        const Cell* ddp = find(m.name, p, n, "ddp");
+        const Cell* ddp = find(m.name, p, n, kDdp);
         for (const Cell& c : cells) {
           if (c.model != m.name || c.precision != p || c.nproc != n || c.step_s.empty()) {
             continue;
           }
-          const bool engine = c.strategy != "ddp";
+          const bool engine = c.strategy != kDdp && c.strategy != kNoComm;
           const Cell* fp32 = find(m.name, "fp32", c.nproc, c.strategy);
           std::printf("  %-14s %5d x %-3d %9.1f %10.0f ", c.strategy.c_str(), c.nproc,
                       c.threads, Step(c) * 1e3, TokensPerS(c));
@@ -243,7 +264,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
           } else {
             std::printf("%12s %12.0f %11s ", "-", c.peak_process_mib, "-");
           }
-          if (engine && ddp) {
+          if (c.strategy != kDdp && ddp) {
             std::printf("%9.2f ", TokensPerS(c) / TokensPerS(*ddp));
           } else {
             std::printf("%9s ", "-");
@@ -261,8 +282,9 @@ int RunParent(flags::Flags& flags, const std::string& self) {
 
   std::printf("\nratios (vs DDP: tokens/s, >1 the engine is faster; memory: peak RSS "
               "per rank of training)\n");
-  auto ratio_line = [&](const char* what, const Cell* a, const Cell* b, bool tokens,
-                        const char* target) {
+  // `note` in brackets after the ratio: its target, or what it bounds.
+  auto ratio_line = [&](const std::string& what, const Cell* a, const Cell* b,
+                        bool tokens, const std::string& note) {
     if (!a || !b) return;
     const double r = tokens ? TokensPerS(*a) / TokensPerS(*b)
                             : Step(*a) / Step(*b);
@@ -275,7 +297,8 @@ int RunParent(flags::Flags& flags, const std::string& self) {
                     *std::max_element(rounds.begin(), rounds.end()));
       paired = buf;
     }
-    std::printf("  %-52s %6.2f   (target %s)%s\n", what, r, target, paired.c_str());
+    std::printf("  %-52s %6.2f   (%s)%s\n", what.c_str(), r, note.c_str(),
+                paired.c_str());
   };
   auto memory_line = [&](const char* what, const Cell* a, const Cell* b,
                          const char* target) {
@@ -283,15 +306,22 @@ int RunParent(flags::Flags& flags, const std::string& self) {
     std::printf("  %-52s %6.2f   (target %s)\n", what, a->peak_rss_mib / b->peak_rss_mib,
                 target);
   };
+  const std::string ceiling =
+      "ceiling of engine / DDP with PyTorch's kernels: no communication at all";
   ratio_line("3.3M fp32 N=2 FULL_SHARD / PyTorch DDP tokens/s",
-             find("3m", "fp32", 2, "full_shard"), find("3m", "fp32", 2, "ddp"), true,
-             ">= 1.2");
+             find("3m", "fp32", 2, "full_shard"), find("3m", "fp32", 2, kDdp), true,
+             "target >= 1.2");
+  ratio_line("3.3M fp32 N=2 PyTorch no comm / PyTorch DDP tokens/s",
+             find("3m", "fp32", 2, kNoComm), find("3m", "fp32", 2, kDdp), true, ceiling);
   ratio_line("3.3M fp32 N=2 FULL_SHARD / NO_SHARD step time",
              find("3m", "fp32", 2, "full_shard"), find("3m", "fp32", 2, "no_shard"), false,
-             "<= 1.10");
+             "target <= 1.10");
   ratio_line("85M fp32 N=2 FULL_SHARD / PyTorch DDP tokens/s",
-             find("85m", "fp32", 2, "full_shard"), find("85m", "fp32", 2, "ddp"), true,
-             ">= 2");
+             find("85m", "fp32", 2, "full_shard"), find("85m", "fp32", 2, kDdp), true,
+             "target >= 2");
+  ratio_line("85M fp32 N=2 PyTorch no comm / PyTorch DDP tokens/s",
+             find("85m", "fp32", 2, kNoComm), find("85m", "fp32", 2, kDdp), true,
+             ceiling);
   memory_line("85M fp32 N=2 peak RSS FULL_SHARD / NO_SHARD",
               find("85m", "fp32", 2, "full_shard"), find("85m", "fp32", 2, "no_shard"),
               "<= 0.60");
@@ -300,24 +330,30 @@ int RunParent(flags::Flags& flags, const std::string& self) {
               "<= 0.40");
   // The bf16 target is for CPUs whose bf16 is faster than their fp32; on
   // the others (see strategy::LowPrecisionSpeedOn) it says so.
-  const char* bf16_target = ">= 1.8 with AVX512-BF16";
+  std::string bf16_target = "target >= 1.8 with AVX512-BF16";
   switch (strategy::LowPrecisionSpeedOn(at::kBFloat16, launch::CpuFlags(),
                                         launch::CpuVendor())) {
     case strategy::LowPrecisionSpeed::kNoFaster:
-      bf16_target = ">= 1.8 with AVX512-BF16; not on this CPU: Intel without AMX "
-                    "computes bf16 no faster than fp32";
+      bf16_target += "; not on this CPU: Intel without AMX computes bf16 no "
+                     "faster than fp32";
       break;
     case strategy::LowPrecisionSpeed::kEmulated:
-      bf16_target = ">= 1.8 with AVX512-BF16; this CPU has none: bf16 is emulated";
+      bf16_target += "; this CPU has none: bf16 is emulated";
       break;
     case strategy::LowPrecisionSpeed::kFaster:
       break;
+  }
+  if (peak.bf16_gflops > 0) {
+    char buf[80];
+    std::snprintf(buf, sizeof(buf), "; one core's peak bf16 / fp32 %.2f",
+                  peak.bf16_gflops / peak.fp32_gflops);
+    bf16_target += buf;
   }
   for (const Model& m : chosen) {
     for (int64_t n : nprocs) {
       const std::string what = m.name + " N=" + std::to_string(n) +
                                " FULL_SHARD bf16 / fp32 tokens/s";
-      ratio_line(what.c_str(), find(m.name, "bf16", n, "full_shard"),
+      ratio_line(what, find(m.name, "bf16", n, "full_shard"),
                  find(m.name, "fp32", n, "full_shard"), true, bf16_target);
     }
   }
@@ -327,7 +363,8 @@ int RunParent(flags::Flags& flags, const std::string& self) {
     std::printf("\nPyTorch DDP: skipped (python3 cannot import torch; bash "
                 "scripts/setup.sh)\n");
   } else {
-    std::printf("\nPyTorch: torch %s, gloo, bench/python_ddp_gpt.py, its own allocator\n",
+    std::printf("\nPyTorch: torch %s, gloo, bench/python_ddp_gpt.py, its own allocator "
+                "(torch_no_comm: the same without DDP)\n",
                 torch_version.c_str());
   }
   std::printf("load at the end: %s\n", LoadAverage().c_str());

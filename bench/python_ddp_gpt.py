@@ -7,7 +7,9 @@ and clipping at 1.0, like the C++ benchmark. Prints `torch_version V`,
 `median_step_s S` (the slowest rank's time per step, median over steps) and
 `peak_rss_mib M` (the largest peak resident set over the ranks). With
 `--bf16 1` forward and loss run under CPU bf16 autocast (PyTorch's own mixed
-precision: fp32 parameters, gradients and all-reduce).
+precision: fp32 parameters, gradients and all-reduce). With `--no-comm 1`
+the ranks skip DDP and train alone (no gradient exchange): the ceiling of
+any data-parallel step that runs PyTorch's kernels on the same cores.
 
     python3 bench/python_ddp_gpt.py --nproc 2 [--threads 1] [--bf16 1]
 
@@ -88,7 +90,9 @@ def run(rank, a, port):
                             rank=rank, world_size=a.nproc)
     torch.manual_seed(1337)
     model = GPT(a)
-    ddp = nn.parallel.DistributedDataParallel(model) if a.nproc > 1 else model
+    # --no-comm 1: no DDP, so no gradient exchange (the docstring says why).
+    wrap = a.nproc > 1 and not a.no_comm
+    ddp = nn.parallel.DistributedDataParallel(model) if wrap else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95),
                             weight_decay=0.1)
     gen = torch.Generator().manual_seed(7)
@@ -128,7 +132,7 @@ def main():
     for name, default in [("nproc", 2), ("steps", 20), ("warmup", 3), ("n-layer", 4),
                           ("n-embd", 128), ("n-head", 4), ("block-size", 64),
                           ("vocab-size", 256), ("global-batch", 16),
-                          ("threads", 0), ("bf16", 0)]:
+                          ("threads", 0), ("bf16", 0), ("no-comm", 0)]:
         p.add_argument("--" + name, type=int, default=default)
     a = p.parse_args()
     import socket

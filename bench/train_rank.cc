@@ -224,7 +224,7 @@ bool PythonTorchAvailable() {
 }
 
 PythonDdpResult RunPythonDdp(const ModelFlags& m, int nproc, int threads, bool bf16,
-                             int steps, int warmup) {
+                             int steps, int warmup, bool no_comm) {
   PythonDdpResult result;
   const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
   const std::string script =
@@ -237,7 +237,7 @@ PythonDdpResult RunPythonDdp(const ModelFlags& m, int nproc, int threads, bool b
   }
   cmd << "/usr/bin/python3 " << script << " --nproc " << nproc << " --threads "
       << threads << " --steps " << steps << " --warmup " << warmup
-      << (bf16 ? " --bf16 1" : "");
+      << (bf16 ? " --bf16 1" : "") << (no_comm ? " --no-comm 1" : "");
   for (const auto& a : ModelArgs(m)) cmd << " " << a;
   cmd << " 2>&1";
   FILE* pipe = popen(cmd.str().c_str(), "r");

@@ -53,7 +53,9 @@ int RunGemmRank(flags::Flags& flags);
 int RunTrainRank(flags::Flags& flags, const ModelFlags& defaults);
 
 // PyTorch's own DDP (bench/python_ddp_gpt.py, gloo, its own allocator) on
-// the same model and global batch.
+// the same model and global batch. With `no_comm` the ranks skip DDP and
+// never exchange gradients: the fastest a data-parallel step built from
+// PyTorch's kernels can be on these cores, the ceiling of engine / DDP.
 struct PythonDdpResult {
   bool ok = false;
   double median_step_s = 0;  // the slowest rank's, median over steps
@@ -62,7 +64,7 @@ struct PythonDdpResult {
   std::string error;  // when !ok: the end of its output
 };
 PythonDdpResult RunPythonDdp(const ModelFlags& m, int nproc, int threads, bool bf16,
-                             int steps, int warmup);
+                             int steps, int warmup, bool no_comm = false);
 
 // Whether /usr/bin/python3 can import torch.
 bool PythonTorchAvailable();

@@ -1,0 +1,54 @@
+// The probe measures exactly what the CPU flags allow, and never runs an
+// instruction the flags do not name (a missing flag would be SIGILL).
+#include "bench/isa_peak.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/launch/local_launcher.h"
+
+namespace fsdp2 {
+namespace bench {
+namespace {
+
+bool Has(const std::string& flags, const std::string& flag) {
+  return (" " + flags + " ").find(" " + flag + " ") != std::string::npos;
+}
+
+TEST(IsaPeak, MeasuresWhatThisCpuHas) {
+  const std::string flags = launch::CpuFlags();
+  const IsaPeak peak = MeasureIsaPeak(flags);
+  if (Has(flags, "avx512f")) {
+    EXPECT_EQ(peak.fp32_isa, "avx512f");
+  } else if (Has(flags, "avx2") && Has(flags, "fma")) {
+    EXPECT_EQ(peak.fp32_isa, "avx2");
+  } else {
+    EXPECT_EQ(peak.fp32_isa, "");
+  }
+  if (!peak.fp32_isa.empty()) {
+    EXPECT_GT(peak.fp32_gflops, 0);
+  }
+  const bool bf16 = Has(flags, "avx512f") && Has(flags, "avx512_bf16");
+  EXPECT_EQ(peak.bf16_gflops > 0, bf16);
+  const std::string text = DescribeIsaPeak(peak);
+  EXPECT_NE(text.find(bf16 ? "bf16 / fp32" : "fp32"), std::string::npos) << text;
+}
+
+TEST(IsaPeak, FlagsNarrowWhatIsRun) {
+  EXPECT_EQ(MeasureIsaPeak("").fp32_isa, "");
+  EXPECT_NE(DescribeIsaPeak(MeasureIsaPeak("")).find("not measured"),
+            std::string::npos);
+  const std::string flags = launch::CpuFlags();
+  if (!Has(flags, "avx2") || !Has(flags, "fma")) GTEST_SKIP() << "no AVX2 here";
+  // AVX-512 left out: the AVX2 loop runs, and no bf16 loop.
+  const IsaPeak peak = MeasureIsaPeak("fma avx2 avx512_bf16");
+  EXPECT_EQ(peak.fp32_isa, "avx2");
+  EXPECT_GT(peak.fp32_gflops, 0);
+  EXPECT_EQ(peak.bf16_gflops, 0);
+  EXPECT_NE(DescribeIsaPeak(peak).find("no AVX512-BF16"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace fsdp2
