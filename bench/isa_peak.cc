@@ -88,6 +88,7 @@ bool Has(const std::string& flags, const char* flag) {
 
 IsaPeak MeasureIsaPeak(const std::string& cpu_flags) {
   IsaPeak peak;
+  peak.amx = Has(cpu_flags, "amx_bf16");
   float sink = 0;
   // Best of three: another process may take the core for a moment.
   for (int round = 0; round < 3; ++round) {
@@ -107,7 +108,9 @@ IsaPeak MeasureIsaPeak(const std::string& cpu_flags) {
 }
 
 std::string DescribeIsaPeak(const IsaPeak& peak) {
-  if (peak.fp32_isa.empty()) return "fp32 peak not measured (no AVX2 or AVX-512)";
+  const std::string amx =
+      peak.amx ? "; AMX present, not measured (oneDNN's bf16 matmuls use it)" : "";
+  if (peak.fp32_isa.empty()) return "fp32 peak not measured (no AVX2 or AVX-512)" + amx;
   char buf[200];
   if (peak.bf16_gflops <= 0) {
     std::snprintf(buf, sizeof(buf),
@@ -120,7 +123,7 @@ std::string DescribeIsaPeak(const IsaPeak& peak) {
                   peak.fp32_isa.c_str(), peak.fp32_gflops, peak.bf16_gflops,
                   peak.bf16_gflops / peak.fp32_gflops);
   }
-  return buf;
+  return buf + amx;
 }
 
 }  // namespace bench

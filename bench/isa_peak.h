@@ -19,13 +19,15 @@ struct IsaPeak {
   std::string fp32_isa;     // "avx512f", "avx2" or "" (not measured)
   double fp32_gflops = 0;   // one core, fused multiply-add chains
   double bf16_gflops = 0;   // vdpbf16ps chains; 0 without AVX512-BF16
+  bool amx = false;         // AMX-BF16 present: oneDNN's bf16 matmuls use it,
+                            // and its peak is not measured here
 };
 
 // Takes about half a second. `cpu_flags` as launch::CpuFlags() returns them.
 IsaPeak MeasureIsaPeak(const std::string& cpu_flags);
 
 // "fp32 (avx512f) 175 GFLOP/s, bf16 (avx512_bf16) 86 GFLOP/s: bf16 / fp32
-// 0.49", or what could not be measured.
+// 0.49", or what could not be measured; notes AMX where it is present.
 std::string DescribeIsaPeak(const IsaPeak& peak);
 
 }  // namespace bench

@@ -35,6 +35,15 @@ TEST(IsaPeak, MeasuresWhatThisCpuHas) {
   EXPECT_NE(text.find(bf16 ? "bf16 / fp32" : "fp32"), std::string::npos) << text;
 }
 
+TEST(IsaPeak, SaysWhereAmxIsNotMeasured) {
+  const IsaPeak peak = MeasureIsaPeak("amx_bf16 amx_tile");
+  EXPECT_TRUE(peak.amx);
+  EXPECT_EQ(peak.fp32_isa, "");
+  EXPECT_NE(DescribeIsaPeak(peak).find("AMX present, not measured"), std::string::npos);
+  EXPECT_FALSE(MeasureIsaPeak("").amx);
+  EXPECT_EQ(DescribeIsaPeak(MeasureIsaPeak("")).find("AMX"), std::string::npos);
+}
+
 TEST(IsaPeak, FlagsNarrowWhatIsRun) {
   EXPECT_EQ(MeasureIsaPeak("").fp32_isa, "");
   EXPECT_NE(DescribeIsaPeak(MeasureIsaPeak("")).find("not measured"),
