@@ -11,7 +11,7 @@ precision: fp32 parameters, gradients and all-reduce). With `--no-comm 1`
 the ranks skip DDP and train alone (no gradient exchange): the ceiling of
 any data-parallel step that runs PyTorch's kernels on the same cores.
 
-    python3 bench/python_ddp_gpt.py --nproc 2 [--threads 1] [--bf16 1]
+    python3 bench/python_ddp_gpt.py --nproc 2 [--threads 1] [--bf16 1] [--no-comm 1]
 
 Needs Debian's python3-torch (apt-get install python3-torch).
 """
