@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "core/launch/local_launcher.h"
+
 namespace fsdp2 {
 namespace bench {
 namespace {
@@ -80,26 +82,23 @@ __attribute__((target("avx512f,avx512bf16"))) double Bf16Avx512(float* sink) {
 // Where the loops' sums end, so that the compiler keeps the loops.
 volatile float g_sink = 0;
 
-bool Has(const std::string& flags, const char* flag) {
-  return (" " + flags + " ").find(std::string(" ") + flag + " ") != std::string::npos;
-}
-
 }  // namespace
 
 IsaPeak MeasureIsaPeak(const std::string& cpu_flags) {
+  auto has = [&](const char* flag) { return launch::HasCpuFlag(cpu_flags, flag); };
   IsaPeak peak;
-  peak.amx = Has(cpu_flags, "amx_bf16");
+  peak.amx = has("amx_bf16");
   float sink = 0;
   // Best of three: another process may take the core for a moment.
   for (int round = 0; round < 3; ++round) {
-    if (Has(cpu_flags, "avx512f")) {
+    if (has("avx512f")) {
       peak.fp32_isa = "avx512f";
       peak.fp32_gflops = std::max(peak.fp32_gflops, Fp32Avx512(&sink));
-    } else if (Has(cpu_flags, "avx2") && Has(cpu_flags, "fma")) {
+    } else if (has("avx2") && has("fma")) {
       peak.fp32_isa = "avx2";
       peak.fp32_gflops = std::max(peak.fp32_gflops, Fp32Avx2(&sink));
     }
-    if (Has(cpu_flags, "avx512f") && Has(cpu_flags, "avx512_bf16")) {
+    if (has("avx512f") && has("avx512_bf16")) {
       peak.bf16_gflops = std::max(peak.bf16_gflops, Bf16Avx512(&sink));
     }
   }

@@ -12,16 +12,13 @@ namespace fsdp2 {
 namespace bench {
 namespace {
 
-bool Has(const std::string& flags, const std::string& flag) {
-  return (" " + flags + " ").find(" " + flag + " ") != std::string::npos;
-}
-
 TEST(IsaPeak, MeasuresWhatThisCpuHas) {
   const std::string flags = launch::CpuFlags();
+  auto has = [&](const char* flag) { return launch::HasCpuFlag(flags, flag); };
   const IsaPeak peak = MeasureIsaPeak(flags);
-  if (Has(flags, "avx512f")) {
+  if (has("avx512f")) {
     EXPECT_EQ(peak.fp32_isa, "avx512f");
-  } else if (Has(flags, "avx2") && Has(flags, "fma")) {
+  } else if (has("avx2") && has("fma")) {
     EXPECT_EQ(peak.fp32_isa, "avx2");
   } else {
     EXPECT_EQ(peak.fp32_isa, "");
@@ -29,7 +26,7 @@ TEST(IsaPeak, MeasuresWhatThisCpuHas) {
   if (!peak.fp32_isa.empty()) {
     EXPECT_GT(peak.fp32_gflops, 0);
   }
-  const bool bf16 = Has(flags, "avx512f") && Has(flags, "avx512_bf16");
+  const bool bf16 = has("avx512f") && has("avx512_bf16");
   EXPECT_EQ(peak.bf16_gflops > 0, bf16);
   const std::string text = DescribeIsaPeak(peak);
   EXPECT_NE(text.find(bf16 ? "bf16 / fp32" : "fp32"), std::string::npos) << text;
@@ -49,7 +46,8 @@ TEST(IsaPeak, FlagsNarrowWhatIsRun) {
   EXPECT_NE(DescribeIsaPeak(MeasureIsaPeak("")).find("not measured"),
             std::string::npos);
   const std::string flags = launch::CpuFlags();
-  if (!Has(flags, "avx2") || !Has(flags, "fma")) GTEST_SKIP() << "no AVX2 here";
+  auto has = [&](const char* flag) { return launch::HasCpuFlag(flags, flag); };
+  if (!has("avx2") || !has("fma")) GTEST_SKIP() << "no AVX2 here";
   // AVX-512 left out: the AVX2 loop runs, and no bf16 loop.
   const IsaPeak peak = MeasureIsaPeak("fma avx2 avx512_bf16");
   EXPECT_EQ(peak.fp32_isa, "avx2");

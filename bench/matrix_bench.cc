@@ -76,7 +76,7 @@ std::string Bf16Support() {
   const std::string flags = launch::CpuFlags();
   std::string s;
   for (const char* f : {"avx512f", "avx512_bf16", "amx_bf16"}) {
-    if (flags.find(std::string(" ") + f + " ") != std::string::npos) {
+    if (launch::HasCpuFlag(flags, f)) {
       s += s.empty() ? f : std::string(", ") + f;
     }
   }

@@ -63,15 +63,16 @@ std::string CpuFlags() {
   return flags.empty() ? " " : " " + flags + " ";
 }
 
+bool HasCpuFlag(const std::string& flags, const std::string& flag) {
+  return (" " + flags + " ").find(" " + flag + " ") != std::string::npos;
+}
+
 std::string CpuVendor() { return CpuinfoValue("vendor_id"); }
 
 std::string RecommendedBlasCore() {
   const std::string flags = CpuFlags();
-  if (flags.find(" avx512f ") != std::string::npos &&
-      flags.find(" avx512bw ") != std::string::npos) {
-    return "SkylakeX";
-  }
-  if (flags.find(" avx2 ") != std::string::npos) return "Haswell";
+  if (HasCpuFlag(flags, "avx512f") && HasCpuFlag(flags, "avx512bw")) return "SkylakeX";
+  if (HasCpuFlag(flags, "avx2")) return "Haswell";
   return "";
 }
 

@@ -54,6 +54,10 @@ bool IsRankProcess();
 // " " when unknown.
 std::string CpuFlags();
 
+// Whether the space-separated flag list `flags` (CpuFlags()'s, padded or
+// not) names `flag` as a whole word: "avx512f" is not found in "avx512fp16".
+bool HasCpuFlag(const std::string& flags, const std::string& flag);
+
 // The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel",
 // "AuthenticAMD", ...); "" when unknown.
 std::string CpuVendor();

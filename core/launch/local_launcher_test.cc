@@ -214,6 +214,16 @@ TEST(LocalLauncher, OpenBlasFallbackIsReported) {
   EXPECT_EQ(BlasCoreAdvice("", "SkylakeX"), "");    // not OpenBLAS
 }
 
+TEST(LocalLauncher, CpuFlagsAreMatchedAsWholeWords) {
+  EXPECT_TRUE(HasCpuFlag(" fma avx2 avx512f ", "avx512f"));
+  EXPECT_TRUE(HasCpuFlag("fma avx2", "fma"));  // unpadded
+  EXPECT_TRUE(HasCpuFlag("fma avx2", "avx2"));
+  EXPECT_FALSE(HasCpuFlag(" avx512fp16 avx512_bf16 ", "avx512f"));
+  EXPECT_FALSE(HasCpuFlag(" avx512_bf16 ", "bf16"));
+  EXPECT_FALSE(HasCpuFlag(" ", "avx2"));
+  EXPECT_TRUE(HasCpuFlag(CpuFlags(), "fpu") || CpuFlags() == " ");
+}
+
 TEST(LocalLauncher, ZeroProcessesIsAnError) {
   EXPECT_THROW(Launch("hello", 0), std::invalid_argument);
 }

@@ -53,9 +53,7 @@ fsdp::MixedPrecisionPolicy DefaultMixedPrecision() {
 LowPrecisionSpeed LowPrecisionSpeedOn(at::ScalarType dtype,
                                       const std::string& cpu_flags,
                                       const std::string& cpu_vendor) {
-  auto has = [&](const char* flag) {
-    return cpu_flags.find(std::string(" ") + flag + " ") != std::string::npos;
-  };
+  auto has = [&](const char* flag) { return launch::HasCpuFlag(cpu_flags, flag); };
   if (cpu_flags.find_first_not_of(' ') == std::string::npos) {
     return LowPrecisionSpeed::kFaster;  // unknown CPU: nothing to say
   }
