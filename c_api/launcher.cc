@@ -62,7 +62,7 @@ fsdp2_status_t fsdp2_restart_with_rank_environment(int argc, char** argv) {
   std::vector<char*> args;  // NULL-terminated for execv, whatever the caller passed
   for (int i = 0; i < argc; ++i) args.push_back(NotNull(argv[i], "argv[i]"));
   args.push_back(nullptr);
-  fsdp2::launch::ReexecWithRankEnvironment(argc, args.data());
+  fsdp2::launch::ReexecWithRankEnvironment(args.data());
   FSDP2_API_END
 }
 

@@ -492,13 +492,14 @@ int RunRank(const Flags& f) {
                   transport.c_str(), bytes / 1048576.0);
     sent += part;
   }
+  const std::string blas = launch::BlasCore();
   std::printf("rank %d: sharded params %.2f MiB of %.2f MiB, peak unsharded params %.2f MiB, "
               "allocator %s, blas %s, sent %s\n",
               rank, stats.sharded_param_bytes / 1048576.0,
               stats.total_param_numel * 4 / 1048576.0,
               fsdp::peak_unsharded_param_bytes() / 1048576.0,
               launch::ActiveAllocator().c_str(),
-              launch::BlasCore().empty() ? "not OpenBLAS" : launch::BlasCore().c_str(),
+              blas.empty() ? "not OpenBLAS" : blas.c_str(),
               sent.empty() ? "nothing" : sent.c_str());
   if (rank == 0) {
     std::printf("metrics: %s, %s; loss curve: %s\n", trainer_options.metrics_jsonl.c_str(),
@@ -543,7 +544,7 @@ int main(int argc, char** argv) {
     // Started by an outside launcher: restart once with what the local
     // launcher gives its ranks (allocator, OpenBLAS core type, OpenMP
     // waiting) if it is not in place yet.
-    launch::ReexecWithRankEnvironment(argc, argv);
+    launch::ReexecWithRankEnvironment(argv);
     return RunRank(flags);
   } catch (const std::exception& e) {
     std::cerr << "train: " << e.what() << "\n";

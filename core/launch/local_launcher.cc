@@ -123,8 +123,7 @@ std::map<std::string, std::string> CpuPerformanceEnv() {
   return env;
 }
 
-void ReexecWithRankEnvironment(int argc, char** argv) {
-  (void)argc;
+void ReexecWithRankEnvironment(char** argv) {
   const bool second_run = std::getenv(kRankEnvExecMarker) != nullptr;
   unsetenv(kRankEnvExecMarker);  // not inherited by what this process starts
   if (second_run) {

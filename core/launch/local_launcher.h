@@ -100,8 +100,9 @@ std::map<std::string, std::string> CpuPerformanceEnv();
 // CPUs OpenBLAS does not know: the default main job's step at N = 2 took 128-175 ms against
 // 46-66 ms on a Xeon model 207, the 3.3M GPT's 803-905 ms against 243-251.
 // FSDP2_RANK_ENV_EXEC marks the second run, so a library that cannot be
-// preloaded never loops.
-void ReexecWithRankEnvironment(int argc, char** argv);
+// preloaded never loops. `argv`: the NULL-terminated command line, as main
+// gets it.
+void ReexecWithRankEnvironment(char** argv);
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FindFreePort();

@@ -22,7 +22,7 @@ namespace fsdp2 {
 namespace launch {
 namespace {
 
-int RankMain(const std::string& mode, int argc, char** argv) {
+int RankMain(const std::string& mode, char** argv) {
   const int rank = std::atoi(std::getenv("RANK"));
   if (mode == "allocator") {
     std::cout << "rank " << rank << " allocator " << ActiveAllocator() << std::endl;
@@ -33,7 +33,7 @@ int RankMain(const std::string& mode, int argc, char** argv) {
       std::ofstream runs(std::getenv("FSDP2_TEST_RUNS_FILE"), std::ios::app);
       runs << "run\n";
     }
-    ReexecWithRankEnvironment(argc, argv);
+    ReexecWithRankEnvironment(argv);
     auto value = [](const char* name) {
       const char* v = std::getenv(name);
       return std::string(v != nullptr ? v : "(unset)");
@@ -235,7 +235,7 @@ TEST(LocalLauncher, ZeroProcessesIsAnError) {
 int main(int argc, char** argv) {
   const char* mode = std::getenv("FSDP2_LAUNCHER_TEST_MODE");
   if (mode != nullptr && fsdp2::launch::IsRankProcess()) {
-    return fsdp2::launch::RankMain(mode, argc, argv);
+    return fsdp2::launch::RankMain(mode, argv);
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
