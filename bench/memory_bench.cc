@@ -30,7 +30,7 @@
 // (--zero-grad free, the default: freed, and a zero one given before the
 // step to each parameter that got none; LazyZeroGrad), so the sharded
 // gradients are not held through forward. --zero-grad in_place zeroes them
-// in place (LibTorch 1.13's Optimizer::zero_grad(), what FSDP2Strategy did
+// in place (zero_grad(set_to_none=false), what FSDP2Strategy did
 // before) and --zero-grad none sets them to none (PyTorch 2's default).
 //
 //   bazel run //bench:memory -- --quick 1
@@ -178,7 +178,7 @@ int RunRank(flags::Flags& flags) {
       } else if (zero_grad == "none") {
         for (at::Tensor& p : model->parameters()) p.mutable_grad() = at::Tensor();
       } else {
-        optimizer->zero_grad();
+        optimizer->zero_grad(/*set_to_none=*/false);
       }
       loss = module.training_step({x, y}, step);
     });
@@ -254,8 +254,8 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   std::printf("gradients between steps (--zero-grad): %s\n",
               zero_grad == "free"       ? "free, a zero one before the step where none came "
                                           "(as FSDP2Strategy does)"
-              : zero_grad == "in_place" ? "zeroed in place (LibTorch 1.13's zero_grad())"
-                                        : "set to none (PyTorch 2's zero_grad())");
+              : zero_grad == "in_place" ? "zeroed in place (zero_grad(set_to_none=false))"
+                                        : "set to none (PyTorch 2's default zero_grad())");
   if (!ac_only) RunShardingTable(config, nprocs, steps, global_batch, cores, self, common);
   if (ac_nproc > 0) {
     models::GPTConfig ac_config = config;

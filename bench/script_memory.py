@@ -19,7 +19,7 @@ ratios the issue sets targets for: FULL_SHARD / NO_SHARD peak RSS (at most
     bazel run -c opt //bench:script_memory
     bazel run -c opt //bench:script_memory -- --blocks 4 --width 256   # quick
 
-Scripting needs Debian's python3-torch (/usr/bin/python3), run in a process
+Scripting needs PyTorch (the venv's, scripts/setup.sh), run in a process
 of its own (tests/script/script_models.py wide).
 """
 
@@ -87,7 +87,7 @@ def main():
     model = os.path.join(work, "wide.pt")
     maker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "script",
                          "script_models.py")
-    subprocess.run(["/usr/bin/python3", maker, "wide", model, str(args.blocks),
+    subprocess.run([sys.executable, maker, "wide", model, str(args.blocks),
                     str(args.width)], check=True)
     # One block: LayerNorm (2w), up (4w*w + 4w), down (4w*w + w), fp32.
     w = args.width

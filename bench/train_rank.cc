@@ -220,11 +220,11 @@ int RunTrainRank(flags::Flags& flags, const ModelFlags& defaults) {
 }
 
 bool PythonTorchAvailable() {
-  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+  return std::system((std::string(FSDP2_PYTHON) + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
 }
 
 PythonDdpResult RunPythonDdp(const ModelFlags& m, int nproc, int threads, bool bf16,
-                             int steps, int warmup, bool no_comm) {
+                             int steps, int warmup, PythonMode mode) {
   PythonDdpResult result;
   const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
   const std::string script =
@@ -235,9 +235,10 @@ PythonDdpResult RunPythonDdp(const ModelFlags& m, int nproc, int threads, bool b
   for (const auto& [k, v] : launch::CpuPerformanceEnv()) {
     if (k != "LD_PRELOAD") cmd << k << "=" << v << " ";
   }
-  cmd << "/usr/bin/python3 " << script << " --nproc " << nproc << " --threads "
+  cmd << FSDP2_PYTHON << " " << script << " --nproc " << nproc << " --threads "
       << threads << " --steps " << steps << " --warmup " << warmup
-      << (bf16 ? " --bf16 1" : "") << (no_comm ? " --no-comm 1" : "");
+      << (bf16 ? " --bf16 1" : "") << (mode == PythonMode::kNoComm ? " --no-comm 1" : "")
+      << (mode == PythonMode::kFsdp2 ? " --fsdp2 1" : "");
   for (const auto& a : ModelArgs(m)) cmd << " " << a;
   cmd << " 2>&1";
   FILE* pipe = popen(cmd.str().c_str(), "r");

@@ -104,7 +104,7 @@ FSDP2_API const char* fsdp2_status_name(int32_t status);
  * a header/library mismatch. */
 FSDP2_API int32_t fsdp2_abi_version(void);
 
-/* The library's version and build, e.g. "fsdp2 1.0.0 (LibTorch 1.13.1, cpu)".
+/* The library's version and build, e.g. "fsdp2 1.0.0 (LibTorch 2.11.0, cuda)".
  * Static storage. */
 FSDP2_API const char* fsdp2_version_string(void);
 
@@ -152,10 +152,9 @@ FSDP2_API fsdp2_status_t fsdp2_restart_count(int32_t* restart_count);
 FSDP2_API const char* fsdp2_allocator(void);
 
 /* ABI 1.4. For a rank an outside launcher (torchrun, srun, mpirun) started:
- * the allocator and OpenBLAS's core type are read when a process loads them,
- * so when this process lacks what fsdp2_launch_local gives its ranks
- * (tcmalloc through LD_PRELOAD, OPENBLAS_CORETYPE on CPUs OpenBLAS does not
- * know, OMP_WAIT_POLICY=PASSIVE), re-executes /proc/self/exe with `argv` (the
+ * the allocator is read when a process loads it, so when this process lacks
+ * what fsdp2_launch_local gives its ranks (tcmalloc through LD_PRELOAD,
+ * OMP_WAIT_POLICY=PASSIVE), re-executes its own binary with `argv` (the
  * whole command line, an interpreter's own arguments included; borrowed)
  * and those variables added, once, and does not return. Otherwise, or if
  * the restart fails (said on stderr), returns FSDP2_OK. Variables the caller

@@ -32,7 +32,10 @@ int32_t fsdp2_abi_version(void) { return FSDP2_ABI_VERSION; }
 
 const char* fsdp2_version_string(void) {
   static const std::string version =
-      std::string("fsdp2 " FSDP2_VERSION " (LibTorch " TORCH_VERSION ", ") +
+      std::string("fsdp2 " FSDP2_VERSION " (LibTorch ") +
+      std::to_string(TORCH_VERSION_MAJOR) + "." +
+      std::to_string(TORCH_VERSION_MINOR) + "." +
+      std::to_string(TORCH_VERSION_PATCH) + ", " +
 #ifdef FSDP2_WITH_CUDA
       "cuda"
 #else

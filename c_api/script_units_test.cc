@@ -1,7 +1,7 @@
 // fsdp2/c_api/script_units_test.cc
 //
-// Models written in plain PyTorch, scripted and saved by Debian's
-// python3-torch at test time (tests/script/script_models.py), train through
+// Models written in plain PyTorch, scripted and saved by the venv's
+// PyTorch 2.11 at test time (tests/script/script_models.py), train through
 // the C ABI block by block (fsdp2_model_load_torchscript_with_options) with
 // PyTorch's own losses, on N = 1, 2, 3, 4 ranks and with every sharding
 // strategy:
@@ -48,7 +48,7 @@ std::string Make(const std::string& name) {
   const std::string dir = TmpDir() + "/" + name;
   if (access((dir + "/reference.json").c_str(), F_OK) != 0) {
     const std::string cmd =
-        "/usr/bin/python3 tests/script/script_models.py make " + name + " " + dir + " 4";
+        std::string(FSDP2_PYTHON) + " tests/script/script_models.py make " + name + " " + dir + " 4";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   return dir;

@@ -81,7 +81,7 @@ std::vector<double> ReferenceLosses(const std::string& path) {
   for (int step = 0; step < kSteps; ++step) {
     at::Tensor out = m.forward({Inputs(step)}).toTensor();
     at::Tensor loss = torch::nn::functional::mse_loss(out, Targets(step));
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     loss.backward();
     opt.step();
     losses.push_back(loss.item<double>());

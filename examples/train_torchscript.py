@@ -5,11 +5,14 @@ ranks (each block of the nn.ModuleList becomes an FSDP unit):
 
     bazel run //examples:train_torchscript_py -- --nproc 2 --steps 20
 
-Two steps, in separate processes, because PyTorch and fsdp2 each bring
-their own LibTorch and must not share a process:
+Two steps, in separate processes, so that the training ranks never load
+Python's torch (fsdp2 brings its own LibTorch; with another torch version
+in the same process the two would clash):
   1. export: this file runs itself with --export PATH under the same
-     Python (which needs `import torch`: Debian's python3-torch, or pip's
-     torch); only that process imports torch. It writes the TorchScript file.
+     Python (which needs `import torch`: the project's environment has
+     PyTorch 2.11, whose torch.jit.script still works but warns that it is
+     deprecated); only that process imports torch. It writes the
+     TorchScript file.
   2. train: fsdp2.launch_local runs this file again as --nproc ranks, which
      import fsdp2 (never torch), load the file with
      fsdp2.Model.from_torchscript and train it on their rows of each global

@@ -2,37 +2,41 @@
 # Installs everything fsdp2 needs on a fresh Debian 12 machine. Idempotent and
 # non-interactive: packages already present are skipped, and a second run is a
 # no-op apart from the `apt-get` check.
+#
+# Two parts: Debian's packages (the build, the bindings, the launchers), and
+# one Python environment per machine, outside the clone (FSDP2_VENV, default
+# /opt/fsdp2/venv), holding PyTorch 2.11.0 from PyPI: its torch/ folder is
+# the LibTorch the build links (CPU, CUDA and NCCL), and its interpreter runs
+# the Python bindings' tests and every PyTorch reference.
 set -euo pipefail
 
 PACKAGES=(
   # Build system (offline Bazel 4.2.3 and the local rule sets it loads).
   bazel-bootstrap bazel-platforms bazel-rules-java
   # Compiler and the C++ libraries the core links.
-  g++ libtorch-dev libgloo-dev libabsl-dev nlohmann-json3-dev
+  g++ libabsl-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  # Fast BLAS: LibTorch takes GEMM from libblas.so.3, and the reference BLAS
-  # is ~40x slower here (see shared/notes/build-environment.md).
-  libopenblas0-openmp
-  # Bindings and their tests.
-  swig python3-dev python3-numpy python3-pytest default-jdk-headless junit5
+  # Declarations only: PyTorch's wheel installs no gloo headers, while
+  # ProcessGroupGloo.hpp includes them (third_party/libtorch/libtorch.bzl
+  # says why the version cannot matter, and //core/comm:gloo_headers_test
+  # proves it).
+  libgloo-dev
+  # Bindings and their tests (the venv below is made from this python3;
+  # //packaging:wheel_test installs the wheel into a fresh environment that
+  # sees Debian's numpy).
+  swig python3-dev python3-venv python3-numpy default-jdk-headless junit5
   # Tools the scripts use; iproute2 (ip netns, veth) makes the hosts of
   # //tests:multihost_test.
   python3 procps iproute2
   # Outside launchers //tests:launchers_test runs the main job under.
   openmpi-bin slurm-wlm munge
-  # Packaging tests (//packaging): a fresh virtual environment for the
-  # wheel, and the C/C++ install built with pkg-config and CMake.
-  python3-venv pkg-config cmake
+  # Packaging tests (//packaging): the C/C++ install built with pkg-config
+  # and CMake.
+  pkg-config cmake
   # The allocator every rank runs with (core/launch/allocator.h): glibc's
   # malloc faults large buffers in afresh every step, 2x slower here.
   libtcmalloc-minimal4
 )
-
-# PyTorch (Debian's python3-torch) is the tests' reference: models are
-# written in PyTorch, scripted and trained by it at test time, and the
-# benchmarks run PyTorch's own DDP beside the engine. (--with-python-torch,
-# which used to add it, is still accepted.)
-PACKAGES+=(python3-torch)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -50,9 +54,22 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Some virtual CPUs are not recognised by OpenBLAS, which then falls back to
-# generic kernels; the launcher and test harness pick OPENBLAS_CORETYPE from
-# the CPU's vector units themselves (on the 2-core AMD EPYC here, auto-detected,
-# Haswell and Zen kernels measured alike). This line only reports which BLAS
-# libblas.so.3 resolves to.
-echo "setup: libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')" >&2
+# The Python environment. torch is pinned to 2.11.0, the version of the GPU
+# machine's PyTorch (2.11.0+cu130), so that binaries built here run there; the
+# PyPI wheel is the CUDA 13.0 build and brings its CUDA, cuDNN and NCCL
+# 2.28.9 libraries and headers as nvidia-* wheels (about 3 GB, once per
+# machine). The marker file records what was installed: a second run with the
+# same requirements does nothing.
+VENV=${FSDP2_VENV:-/opt/fsdp2/venv}
+REQUIREMENTS=(torch==2.11.0 numpy pytest safetensors)
+marker="$VENV/.fsdp2-requirements"
+if [[ ! -x "$VENV/bin/python3" || "$(cat "$marker" 2>/dev/null)" != "${REQUIREMENTS[*]}" ]]; then
+  echo "setup: making $VENV with ${REQUIREMENTS[*]}" >&2
+  SUDO=""
+  if [[ $(id -u) -ne 0 && ! -w "$(dirname "$VENV")" ]]; then SUDO="sudo"; fi
+  $SUDO mkdir -p "$VENV"
+  if [[ ! -x "$VENV/bin/python3" ]]; then $SUDO /usr/bin/python3 -m venv "$VENV"; fi
+  $SUDO "$VENV/bin/python3" -m pip install -q --disable-pip-version-check "${REQUIREMENTS[@]}"
+  echo "${REQUIREMENTS[*]}" | $SUDO tee "$marker" >/dev/null
+fi
+echo "setup: $("$VENV/bin/python3" -c 'import torch; print("torch", torch.__version__, "in", torch.__path__[0])')" >&2

@@ -76,7 +76,7 @@ void DeleteCounted(void* data) {
 class CountingAllocator : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     const int64_t bytes = static_cast<int64_t>(n);
     const int64_t now = g_live.fetch_add(bytes) + bytes;
     int64_t peak = g_peak.load();
@@ -91,6 +91,9 @@ class CountingAllocator : public c10::Allocator {
     return {data, data, &DeleteCounted, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &DeleteCounted; }
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
  private:
   c10::Allocator* base_;
@@ -414,7 +417,7 @@ FSDP2_SCENARIO(ac_twice) {
     for (int step = 0; step < 4; ++step) {
       auto gen = at::detail::createCPUGenerator(100 + step * world->size() + world->rank());
       at::Tensor loss = fsdp::forward(net, at::randn({3, 8}, gen, at::kDouble)).pow(2).mean();
-      opt->zero_grad();
+      opt->zero_grad(/*set_to_none=*/false);
       loss.backward();
       opt->step();
       out << loss.item<double>() << " ";
@@ -553,7 +556,7 @@ FSDP2_SCENARIO(ac_backward_buffers) {
     for (int step = 0; step < 3; ++step) {
       at::Tensor x = at::randn({4, 512}, gen, at::kDouble);
       const int64_t lent_at_step_start = fsdp::buffer_pool_stats().lent;
-      sgd.zero_grad();
+      sgd.zero_grad(/*set_to_none=*/false);
       at::Tensor loss = fsdp::forward(net, x).pow(2).mean();
       g_pool_net = net.get();
       loss.backward();

@@ -52,7 +52,7 @@ void DeleteCounted(void* ctx) {
 class CappedAllocator : public c10::Allocator {
  public:
   explicit CappedAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     const int64_t bytes = static_cast<int64_t>(n);
     const int64_t now = g_live.fetch_add(bytes) + bytes;
     if (now > g_cap.load()) {
@@ -66,6 +66,9 @@ class CappedAllocator : public c10::Allocator {
     auto* counted = new Counted{base_->allocate(n), bytes};
     void* data = counted->inner.get();
     return {data, counted, &DeleteCounted, counted->inner.device()};
+  }
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
   }
 
  private:

@@ -219,7 +219,7 @@ FSDP2_SCENARIO(steady_state_buffers) {
   fsdp::BufferPoolStats after_second;
   for (int step = 0; step < 5; ++step) {
     const int64_t lent_before = fsdp::buffer_pool_stats().lent;
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     models::LanguageModelLoss(fsdp::forward(gpt, tokens[0]), tokens[1]).backward();
     opt.step();
     const auto stats = fsdp::buffer_pool_stats();

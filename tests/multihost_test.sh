@@ -66,7 +66,7 @@ for strategy in full_shard shard_grad_op no_shard hybrid_shard; do
     grep '^\[rank 0\]' <<<"$out"; fail=1
   fi
   # The parameters at the end (full checkpoints, every tensor by name).
-  if ! cmp=$(/usr/bin/python3 - "$load_safetensors" "$tmp/ck-one/checkpoint.safetensors" \
+  if ! cmp=$("$FSDP2_PYTHON" - "$load_safetensors" "$tmp/ck-one/checkpoint.safetensors" \
         "$tmp/ck-$strategy/checkpoint.safetensors" <<'PY' 2>&1
 import importlib.util, sys
 import numpy as np

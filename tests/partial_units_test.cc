@@ -201,7 +201,7 @@ Result TrainReference(const Spec& spec, int world) {
   Result r;
   for (int step = 0; step < spec.steps; ++step) {
     Batch b = GlobalBatch(spec, step, world);
-    opt->zero_grad();
+    opt->zero_grad(/*set_to_none=*/false);
     at::Tensor loss = Loss(m, b.x, b.ctrl, b.y);
     loss.backward();
     opt->step();
@@ -236,7 +236,7 @@ FSDP2_SCENARIO(branchy) {
   const int64_t B = spec.batch_per_rank;
   for (int step = 0; step < spec.steps; ++step) {
     Batch b = GlobalBatch(spec, step, n);
-    opt->zero_grad();
+    opt->zero_grad(/*set_to_none=*/false);
     double local_loss = 0;
     for (int micro = 0; micro < spec.grad_accum; ++micro) {
       fsdp::set_requires_gradient_sync(*m, micro == spec.grad_accum - 1);

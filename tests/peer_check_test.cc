@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/c10d.h"
 #include "core/comm/internal/host.h"
 #include "core/comm/internal/peer_check.h"
 

@@ -270,7 +270,7 @@ TEST(Trainer, FitEqualsOneProcessWithAccumulationClippingAndValidation) {
     const double norm =
         torch::nn::utils::clip_grad_norm_(single.module->module()->parameters(), 0.5);
     single.optimizer->step();
-    single.optimizer->zero_grad();
+    single.optimizer->zero_grad(/*set_to_none=*/false);
     double val = -1;
     if ((step + 1) % 2 == 0) {
       at::NoGradGuard no_grad;
@@ -500,7 +500,7 @@ FSDP2_SCENARIO(checkpoint_errors) {
   // Python, with the README's lines: the file holds the model's state.
   const std::string state = WorkerOutDir() + "/state.safetensors";
   checkpoint::WriteSafetensors(state, s.lightning_module_state_dict());
-  const std::string check = "/usr/bin/python3 core/checkpoint/load_safetensors.py " + file +
+  const std::string check = std::string(FSDP2_PYTHON) + " core/checkpoint/load_safetensors.py " + file +
                             " " + state;
   if (std::system(check.c_str()) != 0) throw std::runtime_error("python check failed: " + check);
   {

@@ -70,7 +70,7 @@ ReferenceRun TrainOneProcess(strategy::TrainingModule& module, const strategy::B
           torch::nn::utils::clip_grad_norm_(module.module()->parameters(), clip));
     }
     optimizer->step();
-    optimizer->zero_grad();
+    optimizer->zero_grad(/*set_to_none=*/false);
     run.losses.push_back(loss.item<double>());
   }
   return run;

@@ -250,7 +250,7 @@ TrainOutput TrainReference(const TrainSpec& spec, int world) {
   const int64_t rows = world * spec.batch_per_rank * spec.grad_accum;
   for (int step = 0; step < spec.steps; ++step) {
     auto [x, y] = GlobalBatch(spec, step, rows);
-    optimizer->zero_grad();
+    optimizer->zero_grad(/*set_to_none=*/false);
     at::Tensor loss = m.loss(x, y);
     loss.backward();
     if (spec.clip > 0) {
@@ -295,7 +295,7 @@ TrainOutput TrainSharded(const TrainSpec& spec,
   const int64_t B = spec.batch_per_rank;
   for (int step = 0; step < spec.steps; ++step) {
     auto [x, y] = GlobalBatch(spec, step, n * B * spec.grad_accum);
-    optimizer->zero_grad();
+    optimizer->zero_grad(/*set_to_none=*/false);
     double local_loss = 0;
     for (int micro = 0; micro < spec.grad_accum; ++micro) {
       const bool last = micro == spec.grad_accum - 1;

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/c10d.h"
 #include "core/comm/internal/connect_transport.h"
 #include "core/comm/internal/gloo_transport.h"
 #include "core/comm/internal/shm_segment.h"
@@ -140,7 +140,7 @@ c10::intrusive_ptr<::c10d::Store> RankStore(const std::string& prefix) {
 std::unique_ptr<comm::internal::GlooTransport> ConnectGloo() {
   return comm::internal::GlooTransport::Connect(
       RankStore("gloo"), Rank(), WorldSize(),
-      ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"), kTimeout);
+      comm::internal::GlooDeviceForAddress("127.0.0.1"), kTimeout);
 }
 
 FSDP2_SCENARIO(gloo_transport) {
@@ -319,7 +319,7 @@ FSDP2_SCENARIO(connect_transport) {
   options.rank = Rank();
   options.world = WorldSize();
   options.gloo_device =
-      ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+      comm::internal::GlooDeviceForAddress("127.0.0.1");
   options.timeout = kTimeout;
   std::unique_ptr<Transport> t = comm::internal::ConnectTransport(options);
   const std::string expected = args.at(0);

@@ -2,13 +2,14 @@
 # Runs the JUnit 5 tests of the Java bindings. The JVM forms a world of one
 # rank through a FileStore; the multi-JVM test starts its ranks with the
 # classpath and JNI library given here; the status test reads the C header;
-# the TorchScript test runs tests/script/script_models.py with python3-torch.
+# the TorchScript test runs tests/script/script_models.py with the venv's PyTorch.
 set -euo pipefail
 jar="$PWD/$1"; tests="$PWD/$2"; jni="$PWD/$3"; header="$PWD/$4"; script_models="$PWD/$5"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 export FSDP2_STORE_PATH="$tmp/junit_store" OMP_NUM_THREADS=1
 exec timeout 600 java -Dfsdp2.jni="$jni" -Dfsdp2.classpath="$jar:$tests" \
-  -Dfsdp2.header="$header" -Dfsdp2.script_models="$script_models" -Djava.io.tmpdir="$tmp" \
+  -Dfsdp2.header="$header" -Dfsdp2.script_models="$script_models" -Dfsdp2.python="$FSDP2_PYTHON" \
+  -Djava.io.tmpdir="$tmp" \
   -jar /usr/share/java/junit-platform-console-standalone.jar \
   --class-path "$jar:$tests" --select-package org.fsdp2 --fail-if-no-tests \
   --disable-banner --details=tree

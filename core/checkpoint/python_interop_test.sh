@@ -6,7 +6,7 @@ fixture="$1"
 path="${TEST_TMPDIR:-/tmp}/interop.safetensors"
 "$fixture" "$path"
 reader="$2"
-PYTHONPATH="$(dirname "$reader")" /usr/bin/python3 - "$path" <<'PY'
+PYTHONPATH="$(dirname "$reader")" "$FSDP2_PYTHON" - "$path" <<'PY'
 import sys
 import numpy as np
 from load_safetensors import load_safetensors
@@ -31,4 +31,4 @@ timeout 300 "$train" --nproc 2 --steps 3 --data synthetic --vocab-size 64 --bloc
   --checkpoint-format full --ckpt-dir "$tmp/gpt_ckpt" --out-dir "$tmp/gpt_out" > "$tmp/train.log" 2>&1 \
   || { cat "$tmp/train.log"; exit 1; }
 "$logits" "$tmp/gpt_ckpt" 64 16 2 2 32 "$tmp/logits.safetensors"
-/usr/bin/python3 "$reference" logits "$tmp/gpt_ckpt" "$tmp/logits.safetensors" "$sizes"
+"$FSDP2_PYTHON" "$reference" logits "$tmp/gpt_ckpt" "$tmp/logits.safetensors" "$sizes"

@@ -1,4 +1,4 @@
-"""The PyTorch side of the interop tests (Debian's python3-torch):
+"""The PyTorch side of the interop tests (the venv's PyTorch 2.11):
 
   pytorch_reference.py logits CKPT_DIR LOGITS.safetensors SIZES_JSON
       loads an fsdp2 full checkpoint into torch_gpt.GPT with load_state_dict

@@ -1,5 +1,6 @@
 #include "core/script/script_model.h"
 
+#include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <algorithm>
@@ -201,6 +202,14 @@ ScriptModel LoadScriptModel(const std::string& path, const ScriptWrapPolicy& pol
   if (!std::filesystem::is_regular_file(path)) {
     throw IoError("TorchScript file " + path + " does not exist or is not a file");
   }
+  // TorchScript runs unoptimised in fsdp2 (for the whole process). LibTorch
+  // 2.x's profiling executor re-optimises a graph after its first runs
+  // (autodiff subgraphs with their own gradient formulas), so the same block
+  // rounded differently on its first and later calls: activation
+  // checkpointing's recomputation and a rank that ran the block more often
+  // drifted from the plain run in the last bit (LibTorch 1.13 did not). On
+  // CPU nothing is fused either way, so this costs no speed.
+  torch::jit::setGraphExecutorOptimize(false);
   torch::jit::Module script;
   try {
     script = torch::jit::load(path);

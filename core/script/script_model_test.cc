@@ -2,7 +2,7 @@
 //
 // ScriptModel on one rank: the wrapping policy, the names, the rewritten
 // call boundaries, and training equal to the plain script's. The models are
-// written in PyTorch and scripted by Debian's python3-torch at test time
+// written in PyTorch and scripted by the venv's PyTorch 2.11 at test time
 // (tests/script/script_models.py). Multi-rank equivalence with PyTorch is
 // //tests:script_units_test.
 #include "core/script/script_model.h"
@@ -37,7 +37,7 @@ std::string TmpDir() {
 std::string Make(const std::string& name) {
   const std::string dir = TmpDir() + "/" + name;
   if (access((dir + "/model.pt").c_str(), F_OK) != 0) {
-    const std::string cmd = "/usr/bin/python3 tests/script/script_models.py make " + name +
+    const std::string cmd = std::string(FSDP2_PYTHON) + " tests/script/script_models.py make " + name +
                             " " + dir + " 3";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
@@ -167,11 +167,11 @@ TEST_P(ShardedScript, TrainsAsThePlainScript) {
     const at::Tensor tokens = batches.load("s" + std::to_string(step) + ".0");
     const at::Tensor targets = batches.load("s" + std::to_string(step) + ".1");
     at::Tensor want = Loss(plain.forward({tokens}).toTensor(), targets);
-    plain_opt.zero_grad();
+    plain_opt.zero_grad(/*set_to_none=*/false);
     want.backward();
     plain_opt.step();
     at::Tensor got = Loss(model->forward({tokens}).toTensor(), targets);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     got.backward();
     opt.step();
     EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-6 * want.item<double>())

@@ -214,7 +214,7 @@ class FSDP2Strategy {
   // freeing them (LazyZeroGrad): .grad is undefined until the next backward,
   // so they do not sit in memory through the next forward, and a parameter
   // that gets no gradient by the next step steps with a zero one, as with
-  // LibTorch 1.13's in-place zero_grad().
+  // in-place zeroing (zero_grad(/*set_to_none=*/false)).
   double optimizer_step(double max_grad_norm = 0);
   // Without gradients; the loss averaged over the data-parallel ranks.
   at::Tensor validation_step(const Batch& batch, int64_t batch_idx);

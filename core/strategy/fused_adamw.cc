@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -23,40 +24,42 @@ struct Coefficients {
 };
 
 // One element at a time, the operations of torch::optim::AdamW::step in
-// its order: p *= 1 - lr * wd; m = m * b1, then m += (1 - b1) * g (ATen's
-// add kernel: a fused multiply-add on CPUs with FMA, separate roundings
-// without); v = v * b2, then v += (1 - b2) * g * g; denom = sqrt(v) /
-// sqrt(bc2) + eps; p += (-step_size * m) / denom.
+// its order, up to the square root: p *= 1 - lr * wd; m = m * b1, then
+// m += (1 - b1) * g (ATen's add kernel: a fused multiply-add on CPUs with
+// FMA, separate roundings without); v = v * b2, then v += (1 - b2) * g * g.
 template <typename T, bool kFused>
-inline void UpdateRange(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end,
-                        const Coefficients<T>& c) {
+inline void MomentsRange(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end,
+                         const Coefficients<T>& c) {
   for (int64_t i = begin; i < end; ++i) {
-    T pi = p[i];
-    if (c.decay) pi = pi * c.decay_factor;
+    if (c.decay) p[i] = p[i] * c.decay_factor;
     const T gi = g[i];
     const T m_scaled = m[i] * c.beta1;
-    T mi;
     if constexpr (kFused) {
-      mi = std::fma(gi, c.one_minus_beta1, m_scaled);
+      m[i] = std::fma(gi, c.one_minus_beta1, m_scaled);
     } else {
       const T term = c.one_minus_beta1 * gi;
-      mi = m_scaled + term;
+      m[i] = m_scaled + term;
     }
     const T v_scaled = v[i] * c.beta2;
     const T scaled_g = c.one_minus_beta2 * gi;
-    T vi;
     if constexpr (kFused) {
-      vi = std::fma(scaled_g, gi, v_scaled);
+      v[i] = std::fma(scaled_g, gi, v_scaled);
     } else {
       const T square_term = scaled_g * gi;
-      vi = v_scaled + square_term;
+      v[i] = v_scaled + square_term;
     }
-    const T root = std::sqrt(vi) / c.sqrt_bias_correction2;
-    const T denom = root + c.eps;
-    const T numerator = c.neg_step_size * mi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi + numerator / denom;
+  }
+}
+
+// The rest, from root = sqrt(v) (ATen's): denom = root / sqrt(bc2) + eps;
+// p += (-step_size * m) / denom.
+template <typename T>
+inline void ApplyRange(T* p, const T* m, const T* root, int64_t begin, int64_t end,
+                       const Coefficients<T>& c) {
+  for (int64_t i = begin; i < end; ++i) {
+    const T denom = root[i - begin] / c.sqrt_bias_correction2 + c.eps;
+    const T numerator = c.neg_step_size * m[i];
+    p[i] = p[i] + numerator / denom;
   }
 }
 
@@ -64,10 +67,10 @@ inline void UpdateRange(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end
 // Hardware FMA for the fused variant: compiled for AVX2+FMA and chosen at
 // run time, so the library still runs on CPUs without it.
 template <typename T>
-__attribute__((target("avx2,fma"))) void UpdateFma(T* p, const T* g, T* m, T* v,
-                                                   int64_t begin, int64_t end,
-                                                   const Coefficients<T>& c) {
-  UpdateRange<T, true>(p, g, m, v, begin, end, c);
+__attribute__((target("avx2,fma"))) void MomentsFma(T* p, const T* g, T* m, T* v,
+                                                    int64_t begin, int64_t end,
+                                                    const Coefficients<T>& c) {
+  MomentsRange<T, true>(p, g, m, v, begin, end, c);
 }
 
 // Whether ATen's CPU kernels run with FMA here: it picks its AVX2 or
@@ -85,9 +88,9 @@ bool AtenUsesFma() {
 #else
 // Other architectures: the plain variant (not checked against ATen there).
 template <typename T>
-void UpdateFma(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end,
-               const Coefficients<T>& c) {
-  UpdateRange<T, false>(p, g, m, v, begin, end, c);
+void MomentsFma(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end,
+                const Coefficients<T>& c) {
+  MomentsRange<T, false>(p, g, m, v, begin, end, c);
 }
 bool AtenUsesFma() { return false; }
 #endif
@@ -100,11 +103,24 @@ void Update(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
   T* mp = m.data_ptr<T>();
   T* vp = v.data_ptr<T>();
   const bool fma = AtenUsesFma();
-  at::parallel_for(0, p.numel(), int64_t{1} << 15, [&](int64_t begin, int64_t end) {
-    if (fma) {
-      UpdateFma<T>(pp, gp, mp, vp, begin, end, c);
-    } else {
-      UpdateRange<T, false>(pp, gp, mp, vp, begin, end, c);
+  const at::Tensor v_flat = v.view(-1);
+  constexpr int64_t kBlock = int64_t{1} << 15;  // elements; a block's v stays in cache
+  at::parallel_for(0, p.numel(), kBlock, [&](int64_t begin, int64_t end) {
+    at::Tensor root = at::empty({std::min(kBlock, end - begin)}, v.options());
+    for (int64_t b = begin; b < end; b += kBlock) {
+      const int64_t e = std::min(end, b + kBlock);
+      if (fma) {
+        MomentsFma<T>(pp, gp, mp, vp, b, e, c);
+      } else {
+        MomentsRange<T, false>(pp, gp, mp, vp, b, e, c);
+      }
+      // ATen's square root, not std::sqrt: PyTorch's wheels take it from
+      // MKL's vector math, which is not correctly rounded (20% of fp32
+      // results differ from std::sqrt in the last bit), and LibTorch's
+      // AdamW uses it.
+      at::Tensor r = root.narrow(0, 0, e - b);
+      at::sqrt_out(r, v_flat.narrow(0, b, e - b));
+      ApplyRange<T>(pp, mp, r.data_ptr<T>(), b, e, c);
     }
   });
 }
@@ -127,7 +143,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       const auto type = p.scalar_type();
       bool fusable = (type == at::kFloat || type == at::kDouble) && Alike(p, p) &&
                      Alike(p.grad(), p);
-      auto found = state_.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto found = state_.find(p.unsafeGetTensorImpl());
       if (fusable && found != state_.end()) {  // a state loaded in another layout
         const auto& state = static_cast<const torch::optim::AdamWParamState&>(*found->second);
         fusable = Alike(state.exp_avg(), p) && Alike(state.exp_avg_sq(), p);
@@ -146,7 +162,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor& grad = p.grad();
-      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      void* const key = p.unsafeGetTensorImpl();
       auto found = state_.find(key);
       if (found == state_.end()) {
         auto state = std::make_unique<torch::optim::AdamWParamState>();

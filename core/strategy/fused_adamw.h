@@ -7,9 +7,10 @@
 // the square root, the denominator, the update). The arithmetic is the same
 // as LibTorch's, operation by operation in the parameter's dtype (with the
 // fused multiply-adds ATen's AVX2 / AVX-512 kernels use for add_ and
-// addcmul_, and without them where ATen runs its plain kernels), so the
-// results are bit-identical (optimizer_test checks it); only the memory
-// traffic falls. Measured here, one core: a step over 42.6M fp32 parameters
+// addcmul_, and without them where ATen runs its plain kernels, and ATen's
+// own square root, which in PyTorch's wheels is MKL's and not correctly
+// rounded), so the results are bit-identical (optimizer_test checks it);
+// only the memory traffic falls. Measured here, one core: a step over 42.6M fp32 parameters
 // (a rank's shard of the 85M GPT at N = 2) took 259 ms in LibTorch's AdamW
 // and 141 ms in this one.
 //

@@ -3,14 +3,15 @@
 // zero_grad() that frees the gradients and still steps as if they had been
 // zeroed in place.
 //
-// LibTorch 1.13's Optimizer::zero_grad() keeps every .grad allocated and
-// fills it with zeros, so a rank holds all its gradient shards through the
-// next forward, where FULL_SHARD's peak is (85M GPT, N = 2: 65 of 1,025 MiB
-// per rank; see the README, "Benchmarks"). PyTorch 2 frees them instead
-// (set_to_none=True), but then a parameter that gets no gradient in the
-// next step is skipped by the optimizer, where a zero gradient would still
-// decay it (AdamW) and move its moments: the losses differ from those of
-// in-place zeroing, which PyTorch 1.13 and LibTorch 1.13 do.
+// Optimizer::zero_grad(/*set_to_none=*/false) keeps every .grad allocated
+// and fills it with zeros, so a rank holds all its gradient shards through
+// the next forward, where FULL_SHARD's peak is (85M GPT, N = 2: 65 of 1,025
+// MiB per rank). PyTorch 2's default (set_to_none=true) frees them instead,
+// but then a parameter that gets no gradient in the next step is skipped by
+// the optimizer, where a zero gradient would still decay it (AdamW) and move
+// its moments: the losses differ from those of in-place zeroing, which
+// FSDP2Strategy keeps (PyTorch 1.x's default, and every reference of the
+// tests, which say set_to_none=False).
 //
 // LazyZeroGrad frees them and remembers which it freed. materialize(),
 // called right before clipping and the optimizer step, gives each of those

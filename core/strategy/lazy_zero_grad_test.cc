@@ -50,7 +50,7 @@ TEST(LazyZeroGrad, StepsExactlyAsInPlaceZeroing) {
       in_place.opt->step();
       lazy.opt->step();
       ExpectSame(in_place, lazy, step);
-      in_place.opt->zero_grad();
+      in_place.opt->zero_grad(/*set_to_none=*/false);
       zero.zero_grad(*lazy.opt);
       // Freed, not kept as zeros.
       EXPECT_FALSE(lazy.a.grad().defined());

@@ -22,7 +22,7 @@ std::vector<at::Tensor> Params() {
 constexpr int64_t kParamBytes = 12 * 4 + 5 * 4 + 3 * 8;
 
 void Step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params) {
-  optimizer.zero_grad();
+  optimizer.zero_grad(/*set_to_none=*/false);
   at::Tensor loss = at::zeros({}, at::kDouble);
   for (const auto& p : params) loss = loss + p.to(at::kDouble).pow(2).sum();
   loss.backward();
@@ -87,7 +87,7 @@ class TwoBuffers : public torch::optim::Optimizer {
       auto s = std::make_unique<TwoBuffersState>();
       s->a = at::zeros_like(p);
       s->b = at::zeros({7}, at::kDouble);
-      state()[c10::guts::to_string(p.unsafeGetTensorImpl())] = std::move(s);
+      state()[p.unsafeGetTensorImpl()] = std::move(s);
     }
     return {};
   }

@@ -61,7 +61,7 @@ std::vector<at::Tensor> Train(at::ScalarType type, double weight_decay,
   }
   for (const auto& p : params) {
     const auto& state = static_cast<torch::optim::AdamWParamState&>(
-        *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+        *opt.state().at(p.unsafeGetTensorImpl()));
     states->push_back({state.exp_avg(), state.exp_avg_sq(),
                        at::scalar_tensor(static_cast<double>(state.step()))});
   }

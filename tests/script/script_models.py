@@ -1,8 +1,8 @@
 """Models written in plain PyTorch, scripted with torch.jit.script and saved,
 and PyTorch's own training of them: the reference that fsdp2 must match when
 it trains the saved files (//tests:script_units_test, the Python binding
-tests, bench/script_memory.sh). Run with Debian's /usr/bin/python3 and its
-python3-torch, in a process of its own.
+tests, bench/script_memory.sh). Run with the project environment's python3
+(PyTorch 2.11, scripts/setup.sh), in a process of its own.
 
   script_models.py make MODEL OUT_DIR [STEPS]
       writes OUT_DIR/model.pt (torch.jit.save), OUT_DIR/batches.safetensors

@@ -119,10 +119,7 @@ def worker(scenario, out, *args):
                                global_bytes=global_bytes), f)
             if s.rank == 0:
                 np.savez(out, done=np.array([1]))
-    elif scenario == "setup_without_blas_core":
-        # OpenBLAS loaded with OPENBLAS_CORETYPE (args[0]); the variable is
-        # then gone, as if OpenBLAS had chosen that core itself.
-        os.environ.pop("OPENBLAS_CORETYPE", None)
+    elif scenario == "setup":
         with fsdp2.FSDP2Strategy() as s:
             s.setup_environment()
     elif scenario == "restart_then_setup":
@@ -134,7 +131,6 @@ def worker(scenario, out, *args):
         with fsdp2.FSDP2Strategy() as s:
             s.setup_environment()
         print("allocator", fsdp2.allocator(),
-              "core", os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
               "wait", os.environ.get("OMP_WAIT_POLICY", "(unset)"), flush=True)
     elif scenario == "barrier_after":
         import time
@@ -203,12 +199,12 @@ def test_a_background_save_writes_what_a_synchronous_one_does(tmp_path):
 
 
 def test_a_pytorch_state_dict_loads_and_trains_with_pytorchs_losses(tmp_path):
-    # PyTorch (Debian's python3-torch, its own process) builds the same GPT,
+    # PyTorch (the venv's, its own process) builds the same GPT,
     # saves its state_dict() as safetensors with plain Python and numpy, and
     # trains 4 AdamW steps; fsdp2 loads that file on 1 and 2 ranks and trains
     # on the same batches with the same losses.
     steps = 4
-    subprocess.run(["/usr/bin/python3", "core/checkpoint/pytorch_reference.py", "train",
+    subprocess.run([sys.executable, "core/checkpoint/pytorch_reference.py", "train",
                     str(tmp_path), json.dumps(TORCH_GPT), str(steps)], check=True)
     with open(tmp_path / "losses.json") as f:
         want = json.load(f)["losses"]
@@ -418,7 +414,7 @@ def _outside_rank(scenario, out, **env_changes):
     `env_changes`. Returns the finished process (it must exit 0)."""
     env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "FSDP2_STORE_PATH", "LD_PRELOAD", "FSDP2_ALLOCATOR",
-              "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY"):
+              "OMP_WAIT_POLICY"):
         env.pop(k, None)
     env.update(env_changes)
     r = subprocess.run([sys.executable, __file__, "--worker", scenario, str(out)],
@@ -429,32 +425,7 @@ def _outside_rank(scenario, out, **env_changes):
 
 def _setup_stderr(**env_changes):
     """stderr of an outside launcher's rank that calls setup_environment()."""
-    return _outside_rank("setup_without_blas_core", "-", **env_changes).stderr
-
-
-def test_generic_openblas_kernels_are_reported_with_the_fix():
-    """OpenBLAS falls back to its generic Prescott kernels on CPUs it does not
-    know (a Xeon model 207: 28 against 138 GFLOP/s), and a Python rank loaded
-    it before fsdp2 could set OPENBLAS_CORETYPE: setup_environment() says
-    which core type to start with. Prescott is forced here; a core that
-    fits the CPU draws no warning."""
-    import ctypes
-    try:
-        ctypes.CDLL("libblas.so.3").openblas_get_corename
-    except (OSError, AttributeError):
-        pytest.skip("libblas.so.3 is not OpenBLAS here (scripts/setup.sh installs it)")
-    with open("/proc/cpuinfo") as f:
-        flags = next((" " + line.split(":", 1)[1].strip() + " " for line in f
-                      if line.startswith("flags")), " ")
-    best = ("SkylakeX" if " avx512f " in flags and " avx512bw " in flags
-            else "Haswell" if " avx2 " in flags else None)
-    generic = _setup_stderr(OPENBLAS_CORETYPE="Prescott", FSDP2_ALLOCATOR="system")
-    if best is None:
-        assert "OPENBLAS_CORETYPE" not in generic, generic
-    else:
-        assert f"Start this process with OPENBLAS_CORETYPE={best}" in generic, generic
-        assert "OPENBLAS_CORETYPE" not in _setup_stderr(OPENBLAS_CORETYPE=best,
-                                                        FSDP2_ALLOCATOR="system")
+    return _outside_rank("setup", "-", **env_changes).stderr
 
 
 def test_a_rank_without_the_allocator_is_told_how_to_start():
@@ -479,11 +450,7 @@ def test_an_outside_rank_restarts_with_the_rank_environment(tmp_path):
     assert runs == 2, r.stdout + r.stderr
     assert "allocator tcmalloc" in r.stdout and "wait PASSIVE" in r.stdout, r.stdout
     assert "warning" not in r.stderr, r.stderr
-    core = r.stdout.split(" core ")[1].split()[0]
-    kept = dict(FSDP2_ALLOCATOR="system", OMP_WAIT_POLICY="ACTIVE")
-    if core != "(unset)":
-        kept["OPENBLAS_CORETYPE"] = core
-    r, runs = run(tmp_path / "complete", **kept)
+    r, runs = run(tmp_path / "complete", FSDP2_ALLOCATOR="system", OMP_WAIT_POLICY="ACTIVE")
     assert runs == 1, r.stdout + r.stderr
     assert "allocator system" in r.stdout and "wait ACTIVE" in r.stdout, r.stdout
 

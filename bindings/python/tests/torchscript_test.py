@@ -2,8 +2,8 @@
 saved, trained by fsdp2 from Python (Model.from_torchscript), block by block.
 
 The models and PyTorch's own training of them come from
-tests/script/script_models.py, run with Debian's /usr/bin/python3 and its
-python3-torch in a process of its own (torch and fsdp2 never share a
+tests/script/script_models.py, run with the venv's PyTorch 2.11
+in a process of its own (torch and fsdp2 never share a
 process). fsdp2 trains the saved file on N = 1..4 ranks, each rank on its
 rows r*12/N... of PyTorch's global batch, with PyTorch's AdamW
 hyper-parameters, and must print PyTorch's losses. Ranks are this file
@@ -29,7 +29,7 @@ SCRIPT_MODELS = os.path.join(ROOT, "tests", "script", "script_models.py")
 sys.path.insert(0, os.path.join(ROOT, "core", "checkpoint"))
 from load_safetensors import load_safetensors  # noqa: E402
 
-TORCH_PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch
+TORCH_PYTHON = sys.executable  # the venv's, with PyTorch 2.11
 STEPS = 4
 RTOL = 1e-5
 MODELS = ("gpt", "masked", "self_loss", "moe")

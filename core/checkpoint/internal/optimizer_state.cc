@@ -14,9 +14,8 @@ namespace checkpoint {
 namespace internal {
 namespace {
 
-std::string StateKey(const at::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
-}
+// torch::optim keys a parameter's state by its TensorImpl.
+void* StateKey(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 template <typename S>
 ParamState FromAdam(const S& s) {

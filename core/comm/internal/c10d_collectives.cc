@@ -29,7 +29,7 @@ void Wait(const c10::intrusive_ptr<::c10d::Work>& work,
 
 // In step s every rank forwards rank (r - s)'s parts, received in step
 // s - 1, to its right neighbour.
-void RingAllGatherPieces(C10dBackend& backend, int rank, int world,
+void RingAllGatherPieces(::c10d::Backend& backend, int rank, int world,
                          std::chrono::milliseconds timeout,
                          const at::Tensor& buffer_in,
                          const std::vector<Piece>& pieces) {
@@ -60,7 +60,7 @@ void RingAllGatherPieces(C10dBackend& backend, int rank, int world,
 // chunk r holds the full sum on rank r. Each step moves its chunk in
 // segments, all posted at once, so the additions overlap the transfer of
 // later segments.
-void RingReduceScatter(C10dBackend& backend, int rank, int world,
+void RingReduceScatter(::c10d::Backend& backend, int rank, int world,
                        std::chrono::milliseconds timeout,
                        const at::Tensor& output, const at::Tensor& input,
                        at::Tensor& scratch) {
@@ -101,7 +101,7 @@ void RingReduceScatter(C10dBackend& backend, int rank, int world,
   output.view(-1).copy_(chunks[rank]);
 }
 
-void AllReduce(C10dBackend& backend, std::chrono::milliseconds timeout,
+void AllReduce(::c10d::Backend& backend, std::chrono::milliseconds timeout,
                const at::Tensor& tensor, ReduceOp op) {
   std::vector<at::Tensor> tensors{tensor};
   ::c10d::AllreduceOptions opts;
@@ -110,7 +110,7 @@ void AllReduce(C10dBackend& backend, std::chrono::milliseconds timeout,
   Wait(backend.allreduce(tensors, opts), timeout);
 }
 
-void BroadcastBits(C10dBackend& backend, std::chrono::milliseconds timeout,
+void BroadcastBits(::c10d::Backend& backend, std::chrono::milliseconds timeout,
                    const at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor.scalar_type() == at::kBFloat16
                                       ? tensor.view(at::kHalf)

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/comm/collective_types.h"
-#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/c10d.h"
 
 namespace fsdp2 {
 namespace comm {
@@ -30,7 +30,7 @@ void Wait(const c10::intrusive_ptr<::c10d::Work>& work,
 // All-gather of a piecewise buffer (Transport::all_gather_pieces) as a ring
 // of send/recv, one message per piece and step: W - 1 steps, every piece
 // sent and received where it lives, no extra buffers.
-void RingAllGatherPieces(C10dBackend& backend, int rank, int world,
+void RingAllGatherPieces(::c10d::Backend& backend, int rank, int world,
                          std::chrono::milliseconds timeout,
                          const at::Tensor& buffer,
                          const std::vector<Piece>& pieces);
@@ -40,19 +40,19 @@ void RingAllGatherPieces(C10dBackend& backend, int rank, int world,
 // sends. `scratch` is the caller's receive buffer, kept between calls
 // (allocating tens of MiB afresh each call costs page faults); it is
 // replaced when too small or of another dtype or device.
-void RingReduceScatter(C10dBackend& backend, int rank, int world,
+void RingReduceScatter(::c10d::Backend& backend, int rank, int world,
                        std::chrono::milliseconds timeout,
                        const at::Tensor& output, const at::Tensor& input,
                        at::Tensor& scratch);
 
 // The backend's own all-reduce of `tensor` in place.
-void AllReduce(C10dBackend& backend, std::chrono::milliseconds timeout,
+void AllReduce(::c10d::Backend& backend, std::chrono::milliseconds timeout,
                const at::Tensor& tensor, ReduceOp op);
 
 // The backend's own broadcast from `root`, in place. Pure data movement:
 // bfloat16 travels bit for bit as float16, which every backend carries
 // (LibTorch 1.13's Gloo rejects bfloat16).
-void BroadcastBits(C10dBackend& backend, std::chrono::milliseconds timeout,
+void BroadcastBits(::c10d::Backend& backend, std::chrono::milliseconds timeout,
                    const at::Tensor& tensor, int root);
 
 }  // namespace internal

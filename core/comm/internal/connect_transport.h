@@ -18,7 +18,8 @@
 #include <memory>
 #include <string>
 
-#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/c10d.h"
+#include "core/comm/internal/gloo_backend.h"
 #include "core/comm/internal/transport.h"
 
 namespace fsdp2 {
@@ -36,7 +37,7 @@ struct TransportOptions {
   int world = 1;  // ranks in the group
   std::string backend = "gloo";  // "gloo" or "nccl"
   // Where Gloo's communicators connect; required for backend "gloo".
-  std::shared_ptr<::gloo::transport::Device> gloo_device;
+  std::shared_ptr<GlooDevice> gloo_device;
   // Every collective of the transport fails after this long.
   std::chrono::milliseconds timeout{0};
 };

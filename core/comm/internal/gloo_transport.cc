@@ -10,17 +10,14 @@ namespace internal {
 
 std::unique_ptr<GlooTransport> GlooTransport::Connect(
     const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
-    const std::shared_ptr<::gloo::transport::Device>& device,
+    const std::shared_ptr<GlooDevice>& device,
     std::chrono::milliseconds timeout) {
-  auto options = ::c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(device);
-  options->threads = 1;
-  auto gloo =
-      c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, world, options);
-  return std::make_unique<GlooTransport>(std::move(gloo), rank, world, timeout);
+  return std::make_unique<GlooTransport>(
+      ConnectGlooBackend(store, rank, world, device, timeout), rank, world,
+      timeout);
 }
 
-GlooTransport::GlooTransport(c10::intrusive_ptr<C10dBackend> gloo, int rank,
+GlooTransport::GlooTransport(c10::intrusive_ptr<::c10d::Backend> gloo, int rank,
                              int world, std::chrono::milliseconds timeout)
     : Transport(rank, world), gloo_(std::move(gloo)), timeout_(timeout) {}
 

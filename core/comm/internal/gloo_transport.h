@@ -2,8 +2,8 @@
 //
 // GlooTransport: a lane's collectives over c10d's Gloo backend, on CPU
 // tensors between hosts (or between local ranks without shared memory).
-// LibTorch 1.13's Gloo lacks what the engine needs in three ways, and this
-// class makes up for each:
+// It does on Gloo what the engine needs in a way that keeps working on every
+// Gloo it has met (1.13's lacked all three):
 //   - no flat all-gather (_allgather_base) and no reduce-scatter: both are
 //     rings of send/recv (c10d_collectives.h); the all-gather sends and
 //     receives every piece where it lives, with no staging buffer;
@@ -16,7 +16,8 @@
 #include <chrono>
 #include <memory>
 
-#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/c10d.h"
+#include "core/comm/internal/gloo_backend.h"
 #include "core/comm/internal/transport.h"
 
 namespace fsdp2 {
@@ -32,10 +33,10 @@ class GlooTransport final : public Transport {
   // cannot be created.
   static std::unique_ptr<GlooTransport> Connect(
       const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
-      const std::shared_ptr<::gloo::transport::Device>& device,
+      const std::shared_ptr<GlooDevice>& device,
       std::chrono::milliseconds timeout);
 
-  GlooTransport(c10::intrusive_ptr<C10dBackend> gloo, int rank, int world,
+  GlooTransport(c10::intrusive_ptr<::c10d::Backend> gloo, int rank, int world,
                 std::chrono::milliseconds timeout);
 
   void all_gather_into_flat(const at::Tensor& output,
@@ -50,7 +51,7 @@ class GlooTransport final : public Transport {
   void barrier() override;
 
  private:
-  c10::intrusive_ptr<C10dBackend> gloo_;
+  c10::intrusive_ptr<::c10d::Backend> gloo_;
   std::chrono::milliseconds timeout_;
   at::Tensor ring_scratch_;  // receive buffer of the ring reduce-scatter
 };

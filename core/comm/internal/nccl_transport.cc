@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+
 #include "core/comm/internal/c10d_collectives.h"
 
 namespace fsdp2 {
@@ -13,6 +15,12 @@ namespace internal {
 std::unique_ptr<NcclTransport> NcclTransport::Connect(
     const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
     std::chrono::milliseconds timeout) {
+  // ProcessGroupNCCL's watchdog ends the whole process when a collective
+  // times out (its default error handling tears down without clean-up).
+  // CleanUpOnly (2) aborts the communicators instead, so the waiting call
+  // fails and fsdp2 reports its named TimeoutError. A value the user set
+  // wins.
+  setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
   auto options = ::c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
   auto nccl =
@@ -20,7 +28,7 @@ std::unique_ptr<NcclTransport> NcclTransport::Connect(
   return std::make_unique<NcclTransport>(std::move(nccl), rank, world, timeout);
 }
 
-NcclTransport::NcclTransport(c10::intrusive_ptr<C10dBackend> nccl, int rank,
+NcclTransport::NcclTransport(c10::intrusive_ptr<::c10d::Backend> nccl, int rank,
                              int world, std::chrono::milliseconds timeout)
     : Transport(rank, world), nccl_(std::move(nccl)), timeout_(timeout) {}
 

@@ -6,8 +6,9 @@
 // buffer. Reduce-scatters that name an algorithm (kRing, kAllReduce) run
 // that algorithm, as on Gloo.
 //
-// Exists only in builds with USE_C10D_NCCL (a CUDA LibTorch); this file is
-// written against the c10d API but has not been built or run here.
+// Exists only in builds with USE_C10D_NCCL (a CUDA LibTorch, as PyPI's
+// torch 2.11.0 is): compiled and linked in every build, run by
+// //tests:nccl_transport_test where a GPU is.
 // Internal to core/comm; see transport.h for the contract.
 #ifndef FSDP2_CORE_COMM_INTERNAL_NCCL_TRANSPORT_H_
 #define FSDP2_CORE_COMM_INTERNAL_NCCL_TRANSPORT_H_
@@ -17,7 +18,7 @@
 #include <chrono>
 #include <memory>
 
-#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/c10d.h"
 #include "core/comm/internal/transport.h"
 
 namespace fsdp2 {
@@ -34,7 +35,7 @@ class NcclTransport final : public Transport {
       const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
       std::chrono::milliseconds timeout);
 
-  NcclTransport(c10::intrusive_ptr<C10dBackend> nccl, int rank, int world,
+  NcclTransport(c10::intrusive_ptr<::c10d::Backend> nccl, int rank, int world,
                 std::chrono::milliseconds timeout);
 
   void all_gather_into_flat(const at::Tensor& output,
@@ -50,7 +51,7 @@ class NcclTransport final : public Transport {
   void barrier() override;
 
  private:
-  c10::intrusive_ptr<C10dBackend> nccl_;
+  c10::intrusive_ptr<::c10d::Backend> nccl_;
   std::chrono::milliseconds timeout_;
   at::Tensor ring_scratch_;  // receive buffer of the ring reduce-scatter
 };

@@ -30,7 +30,7 @@
 #include <memory>
 #include <string>
 
-#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/c10d.h"
 
 namespace fsdp2 {
 namespace comm {

@@ -19,7 +19,7 @@ BufferPool& BufferPool::Get() {
   return *pool;
 }
 
-at::DataPtr BufferPool::allocate(size_t nbytes) const {
+at::DataPtr BufferPool::allocate(size_t nbytes) {
   if (nbytes < kMinPooledBytes) return c10::GetCPUAllocator()->allocate(nbytes);
   Block* block = nullptr;
   {

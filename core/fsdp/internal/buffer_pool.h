@@ -47,8 +47,12 @@ class BufferPool final : public c10::Allocator {
 
   // c10::Allocator: a 64-byte aligned host buffer of `nbytes`, a kept one of
   // that size if there is one. Throws c10::Error when memory runs out.
-  at::DataPtr allocate(size_t nbytes) const override;
+  at::DataPtr allocate(size_t nbytes) override;
   at::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  // Plain host memory: copies are memcpy.
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
   // An uninitialised contiguous tensor of `sizes` from the pool (CPU), or
   // from the default allocator (other devices).

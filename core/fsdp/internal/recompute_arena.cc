@@ -127,7 +127,7 @@ void FreePiece(void* p) { FreeIfLent(p); }
 // for large requests inside a Scope, the wrapped allocator for the rest.
 class WrappingAllocator final : public c10::Allocator {
  public:
-  at::DataPtr allocate(size_t nbytes) const override {
+  at::DataPtr allocate(size_t nbytes) override {
     Buffer* buffer = t_buffer;
     if (buffer != nullptr && nbytes >= RecomputeArena::kMinBytes) {
       void* p = nullptr;
@@ -141,6 +141,11 @@ class WrappingAllocator final : public c10::Allocator {
   }
 
   at::DeleterFnPtr raw_deleter() const override { return &RawDelete; }
+
+  // Pieces and the wrapped allocator's buffers are both plain host memory.
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
   // Installs the wrapper once; false if LibTorch's CPU allocator is not it
   // (another one was set with a higher priority).

@@ -19,7 +19,7 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
 /**
- * Your own PyTorch model from Java: tests/script/script_models.py (Debian's python3-torch, a
+ * Your own PyTorch model from Java: tests/script/script_models.py (the venv's PyTorch, a
  * process of its own) scripts the masked model, forward(x, mask), and trains it with PyTorch;
  * fsdp2 trains the saved file in this JVM (a world of one) with each Residual block an FSDP unit
  * and must print PyTorch's losses.
@@ -29,7 +29,7 @@ class TorchScriptTest {
 
   /** Runs script_models.py make MODEL DIR STEPS. */
   private static void make(String model, Path dir) throws Exception {
-    Process p = new ProcessBuilder("/usr/bin/python3", System.getProperty("fsdp2.script_models"),
+    Process p = new ProcessBuilder(System.getProperty("fsdp2.python"), System.getProperty("fsdp2.script_models"),
         "make", model, dir.toString(), Integer.toString(STEPS)).inheritIO().start();
     assertTrue(p.waitFor(300, TimeUnit.SECONDS), "script_models.py timed out");
     assertEquals(0, p.exitValue(), "script_models.py failed");

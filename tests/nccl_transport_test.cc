@@ -1,0 +1,91 @@
+// NcclTransport on a real GPU: NCCL's communicator created through c10d's
+// ProcessGroupNCCL, and every collective of the transport on CUDA tensors,
+// at world size 1 (NCCL refuses two ranks on one GPU, and the GPU check has
+// one). Built in every run; where no CUDA device is present it prints a
+// SKIPPED: line and runs nothing.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/comm/internal/c10d.h"
+
+#ifdef FSDP2_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "core/comm/internal/nccl_transport.h"
+
+namespace fsdp2 {
+namespace testing {
+namespace {
+
+using comm::Piece;
+using comm::ReduceOp;
+using comm::ReduceScatterAlgorithm;
+
+constexpr std::chrono::milliseconds kTimeout = std::chrono::seconds(60);
+
+std::unique_ptr<comm::internal::NcclTransport> Connect() {
+  const std::string path = ::testing::TempDir() + "/nccl_store";
+  std::remove(path.c_str());
+  auto store = c10::make_intrusive<::c10d::FileStore>(path, 1);
+  return comm::internal::NcclTransport::Connect(store, /*rank=*/0, /*world=*/1, kTimeout);
+}
+
+at::Tensor Values(int64_t n, at::ScalarType dtype) {
+  return at::arange(n, at::TensorOptions().dtype(at::kDouble)).add(1).to(dtype).cuda();
+}
+
+TEST(NcclTransport, EveryCollectiveOnCudaTensors) {
+  auto t = Connect();
+  EXPECT_STREQ(t->kind(), "nccl");
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const int64_t n = 1000;
+    at::Tensor out = at::empty({n}, Values(1, dtype).options());
+    t->all_gather_into_flat(out, Values(n, dtype));
+    EXPECT_TRUE(out.equal(Values(n, dtype)));
+
+    at::Tensor buffer = Values(n + 3, dtype);
+    t->all_gather_pieces(buffer, {{0, 3}, {3, 0}, {3, n}});
+    EXPECT_TRUE(buffer.equal(Values(n + 3, dtype)));
+
+    for (auto algorithm : {ReduceScatterAlgorithm::kAuto, ReduceScatterAlgorithm::kRing,
+                           ReduceScatterAlgorithm::kAllReduce}) {
+      at::Tensor slice = at::empty({n}, out.options());
+      t->reduce_scatter_flat(slice, Values(n, dtype), algorithm);
+      EXPECT_TRUE(slice.equal(Values(n, dtype))) << static_cast<int>(algorithm);
+    }
+    at::Tensor sum = Values(n, dtype);
+    t->all_reduce(sum, ReduceOp::kSum);
+    EXPECT_TRUE(sum.equal(Values(n, dtype)));
+    at::Tensor b = Values(n, dtype);
+    t->broadcast(b, 0);
+    EXPECT_TRUE(b.equal(Values(n, dtype)));
+    EXPECT_TRUE(b.is_cuda());
+  }
+  t->barrier();
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace fsdp2
+#endif  // FSDP2_WITH_CUDA
+
+int main(int argc, char** argv) {
+#ifndef FSDP2_WITH_CUDA
+  std::printf("SKIPPED: nccl_transport_test: this LibTorch has no CUDA\n");
+  return 0;
+#else
+  if (c10::cuda::device_count() == 0) {
+    std::printf("SKIPPED: nccl_transport_test: no CUDA device here (NCCL through "
+                "NcclTransport runs where a GPU is)\n");
+    return 0;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+#endif
+}
