@@ -31,7 +31,7 @@ off=$(FSDP2_ALLOCATOR=system timeout 300 "$train" --nproc 2 --steps 1 2>&1) || {
 # environment (fsdp2_restart_with_rank_environment), so nothing is left for
 # setup_environment() to warn about.
 port=$(( 20000 + RANDOM % 20000 ))
-outside=$(env -u LD_PRELOAD -u OPENBLAS_CORETYPE -u OMP_WAIT_POLICY -u FSDP2_ALLOCATOR \
+outside=$(env -u LD_PRELOAD -u OMP_WAIT_POLICY -u FSDP2_ALLOCATOR \
   RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
   MASTER_PORT=$port timeout 300 "$train" --steps 1 2>&1) || {
   echo "FAIL: a torchrun-style rank exited non-zero"; echo "$outside"; exit 1; }

@@ -492,14 +492,12 @@ int RunRank(const Flags& f) {
                   transport.c_str(), bytes / 1048576.0);
     sent += part;
   }
-  const std::string blas = launch::BlasCore();
   std::printf("rank %d: sharded params %.2f MiB of %.2f MiB, peak unsharded params %.2f MiB, "
-              "allocator %s, blas %s, sent %s\n",
+              "allocator %s, sent %s\n",
               rank, stats.sharded_param_bytes / 1048576.0,
               stats.total_param_numel * 4 / 1048576.0,
               fsdp::peak_unsharded_param_bytes() / 1048576.0,
               launch::ActiveAllocator().c_str(),
-              blas.empty() ? "not OpenBLAS" : blas.c_str(),
               sent.empty() ? "nothing" : sent.c_str());
   if (rank == 0) {
     std::printf("metrics: %s, %s; loss curve: %s\n", trainer_options.metrics_jsonl.c_str(),

@@ -4,17 +4,16 @@
 #include "core/launch/allocator.h"
 
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <strings.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -69,43 +68,8 @@ bool HasCpuFlag(const std::string& flags, const std::string& flag) {
 
 std::string CpuVendor() { return CpuinfoValue("vendor_id"); }
 
-std::string RecommendedBlasCore() {
-  const std::string flags = CpuFlags();
-  if (HasCpuFlag(flags, "avx512f") && HasCpuFlag(flags, "avx512bw")) return "SkylakeX";
-  if (HasCpuFlag(flags, "avx2")) return "Haswell";
-  return "";
-}
-
-std::string BlasCore() {
-  using CoreName = char* (*)();
-  const auto core_name =
-      reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  if (core_name == nullptr) return "";
-  const char* name = core_name();
-  return name != nullptr ? name : "";
-}
-
-std::string BlasCoreAdvice(const std::string& active, const std::string& recommended) {
-  // OpenBLAS 0.3.21 (Debian 12) falls back to its Prescott (SSE3) kernels
-  // on CPUs it does not know, such as a Xeon model 207: 28 GFLOP/s for a
-  // 1024x768x3072 SGEMM on one core there, 138 with SkylakeX.
-  if (strcasecmp(active.c_str(), "Prescott") != 0 || recommended.empty()) return "";
-  return "OpenBLAS did not recognise this CPU and runs its generic Prescott "
-         "(SSE3) kernels, several times slower for matrix products than the " +
-         recommended + " kernels this CPU supports. Start this process with "
-         "OPENBLAS_CORETYPE=" + recommended +
-         " (it is read when the library loads), or call "
-         "fsdp2_restart_with_rank_environment() (Python: "
-         "fsdp2.restart_with_rank_environment()) first thing; fsdp2's local "
-         "launcher and main job set it themselves";
-}
-
 std::map<std::string, std::string> CpuPerformanceEnv() {
   std::map<std::string, std::string> env;
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
-    const std::string core = RecommendedBlasCore();
-    if (!core.empty()) env["OPENBLAS_CORETYPE"] = core;
-  }
   // OpenMP threads that spin while waiting for work steal the core from the
   // other ranks and from the comm threads: with 2 threads per process on a
   // loaded 2-core machine a GPT step took 1.1 s spinning and 0.16 s passive.
@@ -149,7 +113,13 @@ void ReexecWithRankEnvironment(char** argv) {
     setenv(name.c_str(), value.c_str(), 1);
   }
   setenv(kRankEnvExecMarker, "1", 1);
-  execv("/proc/self/exe", argv);
+  // The binary's own path, not /proc/self/exe: the kernel names a process
+  // after the file it executes, and `ps`, `top` and `pgrep train` should
+  // still find the rank by its name after the restart.
+  char exe[PATH_MAX];
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  execv(len > 0 ? std::string(exe, static_cast<size_t>(len)).c_str() : "/proc/self/exe",
+        argv);
   // Still here: exec failed. Train on, with what we have.
   const int error = errno;
   std::cerr << "fsdp2: could not restart with the rank environment ("

@@ -8,9 +8,8 @@
 //
 // It also sets what LibTorch needs to run well on CPU unless the caller's
 // environment already says otherwise: OMP_NUM_THREADS (threads per rank),
-// OPENBLAS_CORETYPE (OpenBLAS does not recognise some virtual CPUs and falls
-// back to slow generic kernels without it), OMP_WAIT_POLICY=PASSIVE, and the
-// allocator (tcmalloc through LD_PRELOAD; see allocator.h).
+// OMP_WAIT_POLICY=PASSIVE, and the allocator (tcmalloc through LD_PRELOAD;
+// see allocator.h).
 #ifndef FSDP2_CORE_LAUNCH_LOCAL_LAUNCHER_H_
 #define FSDP2_CORE_LAUNCH_LOCAL_LAUNCHER_H_
 
@@ -62,28 +61,9 @@ bool HasCpuFlag(const std::string& flags, const std::string& flag);
 // "AuthenticAMD", ...); "" when unknown.
 std::string CpuVendor();
 
-// The OpenBLAS core type whose kernels fit this CPU's vector units:
-// "SkylakeX" with AVX-512 (avx512f and avx512bw), "Haswell" with AVX2, ""
-// when neither.
-std::string RecommendedBlasCore();
-
-// The core type OpenBLAS chose in this process ("SkylakeX", "Prescott",
-// ...), or "" when OpenBLAS is not loaded.
-std::string BlasCore();
-
-// What to tell a user whose OpenBLAS runs `active` kernels on a CPU that
-// supports `recommended` ones (RecommendedBlasCore): a warning when
-// OpenBLAS fell back to its generic Prescott kernels although faster ones
-// fit, else "".
-std::string BlasCoreAdvice(const std::string& active, const std::string& recommended);
-
-// The environment LibTorch wants for fast CPU training here: the OpenBLAS
-// core type matching this CPU's vector units, when it can tell (set even
-// where OpenBLAS knows the CPU, as the launcher always has, so that a rank
-// an outside launcher started gets what a launched rank gets; on the AVX2
-// AMD EPYC here OpenBLAS's own choice and Haswell measured alike),
+// The environment LibTorch wants for fast CPU training here:
 // OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep instead of spinning between
-// parallel regions), each left out when the caller already set it, and
+// parallel regions), left out when the caller already set it, and
 // LD_PRELOAD with the allocator of allocator.h put in front of the caller's
 // own LD_PRELOAD (left out when nothing is to be added, or when this
 // process already runs with that allocator: then so do the programs it
@@ -94,14 +74,11 @@ std::map<std::string, std::string> CpuPerformanceEnv();
 // For the entry point of a program that trains, started as one rank by an
 // outside launcher (torchrun, srun, mpirun): these variables are read when
 // the libraries load, before main, so if CpuPerformanceEnv() has anything
-// to add, re-executes the program (/proc/self/exe with the same argv) with
-// it, once, and does not return. Otherwise returns. When such a rank was
-// restarted for the allocator alone, it ran OpenBLAS's generic kernels on
-// CPUs OpenBLAS does not know: the default main job's step at N = 2 took 128-175 ms against
-// 46-66 ms on a Xeon model 207, the 3.3M GPT's 803-905 ms against 243-251.
-// FSDP2_RANK_ENV_EXEC marks the second run, so a library that cannot be
-// preloaded never loops. `argv`: the NULL-terminated command line, as main
-// gets it.
+// to add, re-executes the program (its own binary, with the same argv, so
+// that ps and pgrep still show its name) with it, once, and does not return.
+// Otherwise returns. FSDP2_RANK_ENV_EXEC marks the second run, so a library
+// that cannot be preloaded never loops. `argv`: the NULL-terminated command
+// line, as main gets it.
 void ReexecWithRankEnvironment(char** argv);
 
 // A TCP port on 127.0.0.1 that was free a moment ago.

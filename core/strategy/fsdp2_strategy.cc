@@ -98,20 +98,14 @@ void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank) {
 
 // The first rank of each host (as found at rendezvous) says when its
 // process lacks what matters most of the local launcher's rank environment
-// (launch::CpuPerformanceEnv): the allocator, and the OpenBLAS core type
-// where OpenBLAS fell back to its generic kernels. A rank an outside
-// launcher started in Python, Java or C loaded both before fsdp2 could act,
+// (launch::CpuPerformanceEnv): the allocator. A rank an outside
+// launcher started in Python, Java or C loaded it before fsdp2 could act,
 // so unlike the main job it does not restart itself with them unless it
 // calls fsdp2_restart_with_rank_environment.
 void WarnIfRankEnvironmentIsMissing(const comm::World& world) {
   const auto& hosts = world.hosts();
   const auto first_here = std::find(hosts.begin(), hosts.end(), hosts[world.rank()]);
   if (first_here - hosts.begin() != world.rank()) return;
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
-    const std::string advice =
-        launch::BlasCoreAdvice(launch::BlasCore(), launch::RecommendedBlasCore());
-    if (!advice.empty()) std::cerr << "fsdp2: warning: " << advice << "\n";
-  }
   const auto env = launch::CpuPerformanceEnv();
   const auto preload = env.find("LD_PRELOAD");
   if (preload != env.end()) {

@@ -584,9 +584,8 @@ def launch_local(nproc, argv=None, threads_per_rank=0, max_restarts=0):
 
 def restart_with_rank_environment(argv=None):
     """For a rank an outside launcher (torchrun, srun, mpirun) started: the
-    allocator and OpenBLAS's core type are read when a process loads them,
-    so when this process lacks what launch_local gives its ranks (tcmalloc
-    through LD_PRELOAD, OPENBLAS_CORETYPE on CPUs OpenBLAS does not know,
+    allocator is read when a process loads it, so when this process lacks
+    what launch_local gives its ranks (tcmalloc through LD_PRELOAD,
     OMP_WAIT_POLICY=PASSIVE), runs this program again in its place with them,
     once, and does not return; otherwise returns. Call it first thing: what
     ran before runs twice. `argv`: the whole command line (default
