@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job under real outside launchers: Open MPI's mpirun (2 ranks) and
-# Slurm's srun (4 ranks, on a one-host cluster this test starts and stops
+# The main job under real outside launchers: Open MPI's mpirun (2 ranks),
+# PyTorch's torchrun (2 ranks) and Slurm's srun (4 ranks, on a one-host cluster this test starts and stops
 # itself: munged, slurmctld and slurmd with a private key, state and ports)
 # must print the losses of one process training the same global batch.
 # A launcher that cannot run here is reported on a "SKIPPED:" line (listed
@@ -41,6 +41,24 @@ if command -v mpirun >/dev/null; then
   if [[ $? -ne 0 ]]; then echo "FAIL: mpirun -np 2:"; echo "$out"; fail=1; else check "mpirun -np 2" "$out" 2; fi
 else
   skip "no mpirun (Debian's openmpi-bin)"
+fi
+
+# torchrun (the project environment's PyTorch 2.11): its agent serves the
+# rendezvous store, and the ranks connect to it.
+if [[ -x "${FSDP2_PYTHON:-}" ]] && "$FSDP2_PYTHON" -c "import torch.distributed.run" 2>/dev/null; then
+  out=$(timeout 300 "$FSDP2_PYTHON" -m torch.distributed.run --nproc-per-node 2 --no-python \
+        --master-port $(( 20000 + RANDOM % 20000 )) \
+        "$train" --batch-size 4 "${common[@]}" --out-dir "$tmp/torchrun" 2>&1)
+  if [[ $? -ne 0 ]]; then
+    echo "FAIL: torchrun --nproc-per-node 2:"; echo "$out"; fail=1
+  elif grep -q "failed to bind" <<<"$out"; then
+    echo "FAIL: under torchrun rank 0 should use the agent's store, not try to serve one:"
+    echo "$out"; fail=1
+  else
+    check "torchrun --nproc-per-node 2" "$out" 2
+  fi
+else
+  skip "torchrun: no PyTorch in FSDP2_PYTHON (${FSDP2_PYTHON:-unset}; scripts/setup.sh)"
 fi
 
 # Slurm: a one-host cluster of our own. Unix socket paths must stay short,

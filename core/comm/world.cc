@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/c10d.h"
 #include "core/comm/internal/connect_transport.h"
 #include "core/comm/internal/host.h"
 #include "core/comm/internal/process_group_impl.h"
@@ -101,7 +101,7 @@ RendezvousOptions RendezvousOptions::FromEnv() {
 struct World::Impl {
   RendezvousOptions options;
   c10::intrusive_ptr<::c10d::Store> store;
-  std::shared_ptr<::gloo::transport::Device> gloo_device;
+  std::shared_ptr<internal::GlooDevice> gloo_device;
   std::vector<std::string> hosts;
   int num_hosts = 1;
   std::string network;
@@ -161,7 +161,11 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
     } else {
       ::c10d::TCPStoreOptions tcp;
       tcp.port = static_cast<uint16_t>(options.master_port);
-      tcp.isServer = rank == 0;
+      // torchrun's agent serves a TCPStore on MASTER_PORT already and says
+      // so (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 connects to it too.
+      const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+      tcp.isServer = rank == 0 && !(agent_store != nullptr &&
+                                    std::string(agent_store) == "True");
       tcp.numWorkers = world_size;
       tcp.waitWorkers = false;
       tcp.timeout = options.timeout;
@@ -207,7 +211,7 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       if (ifname != nullptr && *ifname != '\0') {
         impl->gloo_device =
-            ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+            internal::GlooDeviceForInterface(ifname);
         impl->network = std::string("GLOO_SOCKET_IFNAME=") + ifname;
       } else if (options.store_path.empty() &&
                  !IsLoopback(options.master_addr)) {
@@ -215,7 +219,7 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
         // there), so the interface that routes to it reaches the job.
         const internal::Route route = internal::RouteTo(options.master_addr);
         impl->gloo_device =
-            ::c10d::ProcessGroupGloo::createDeviceForHostname(route.local_address);
+            internal::GlooDeviceForAddress(route.local_address);
         impl->network = "route to MASTER_ADDR via " +
                         (route.interface.empty() ? std::string("?") : route.interface) +
                         " (" + route.local_address + ")";
@@ -231,7 +235,7 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
             "through (see `ip addr`), or MASTER_ADDR to rank 0's address on it");
       } else {
         impl->gloo_device =
-            ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+            internal::GlooDeviceForAddress("127.0.0.1");
         impl->network = "loopback";
       }
     }

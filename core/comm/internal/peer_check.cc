@@ -2,6 +2,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <exception>
+#include <future>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -15,6 +18,39 @@ namespace {
 
 std::string AliveKey(int rank) { return "fsdp2/alive_after_failure/" + std::to_string(rank); }
 const char kReportKey[] = "fsdp2/lost_report";
+
+// Runs `requests` (store requests) on a thread of its own and waits at most
+// `limit` for them; false if they did not finish in time (or threw). A
+// TCPStore client of LibTorch 2.x waits for each reply with no time limit,
+// so on a host that lost the network a request never returns: the thread
+// is then left behind, owning what `requests` captured (the store among
+// it), while the rank goes on to report its error and exit.
+bool RunWithin(std::chrono::milliseconds limit, std::function<void()> requests) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false, ok = false;
+  };
+  auto shared = std::make_shared<Shared>();
+  std::thread([shared, requests = std::move(requests)] {
+    bool ok = true;
+    try {
+      requests();
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    std::lock_guard<std::mutex> lock(shared->mu);
+    shared->done = true;
+    shared->ok = ok;
+    shared->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(shared->mu);
+  return shared->cv.wait_for(lock, limit, [&] { return shared->done; }) && shared->ok;
+}
+
+// How long a heartbeat or a diagnosis's requests may take beyond their own
+// waiting before the store counts as unreachable.
+constexpr std::chrono::seconds kStoreReplyLimit{5};
 
 }  // namespace
 
@@ -59,7 +95,20 @@ LostReport::~LostReport() {
     state_->stop = true;
   }
   state_->stop_cv.notify_all();
-  if (state_->thread.joinable()) state_->thread.join();
+  if (!state_->thread.joinable()) return;
+  // A heartbeat stuck in a store request on a host that lost the network
+  // never returns (see RunWithin); the thread owns its state and store.
+  auto finished = std::make_shared<std::promise<void>>();
+  std::future<void> joined = finished->get_future();
+  std::thread joiner([thread = std::move(state_->thread), finished]() mutable {
+    thread.join();
+    finished->set_value();
+  });
+  if (joined.wait_for(kStoreReplyLimit) == std::future_status::ready) {
+    joiner.join();
+  } else {
+    joiner.detach();
+  }
 }
 
 std::string LostReport::seen() const {
@@ -80,11 +129,25 @@ std::string PeerCheck::Describe(const std::string& failure) const {
   static std::mutex one_at_a_time;
   std::lock_guard<std::mutex> lock(one_at_a_time);
   std::vector<int> missing, running;
-  try {
+  // Every store request below runs under RunWithin: the lists are filled
+  // only if they all answered.
+  struct Found {
+    std::vector<int> missing, running;
+  };
+  auto found = std::make_shared<Found>();
+  // Once a request was left unanswered, its thread may still be inside the
+  // store's client; no later diagnosis (another lane's) uses it again.
+  static std::atomic<bool> store_unanswered{false};
+  const bool answered = !store_unanswered && RunWithin(wait + kStoreReplyLimit, [check = *this, found] {
+    const auto& store = check.store;
+    const auto& group_ranks = check.group_ranks;
+    const int world_rank = check.world_rank;
+    const auto& report = check.report;
+    std::vector<int> missing, running;
     store->set(AliveKey(world_rank), std::vector<uint8_t>{'1'});
     std::vector<int64_t> beats;
     for (int r : group_ranks) beats.push_back(report ? store->add(LostReport::HeartbeatKey(r), 0) : 0);
-    const auto deadline = std::chrono::steady_clock::now() + wait;
+    const auto deadline = std::chrono::steady_clock::now() + check.wait;
     while (true) {
       missing.clear();
       for (int r : group_ranks) {
@@ -104,7 +167,14 @@ std::string PeerCheck::Describe(const std::string& failure) const {
       }
       missing = lost;
     }
-  } catch (const std::exception&) {
+    found->missing = std::move(missing);
+    found->running = std::move(running);
+  });
+  if (answered) {
+    missing = found->missing;
+    running = found->running;
+  } else {
+    store_unanswered = true;
     const std::string before = report ? report->seen() : "";
     return "the rendezvous store (served by rank 0 on host '" + host_of(0) +
            "') does not answer either: rank 0 exited or this host lost the "
@@ -129,16 +199,18 @@ std::string PeerCheck::Describe(const std::string& failure) const {
       << list(running);
   }
   if (missing.empty()) return s.str();
-  try {
-    // The cause, kept short: it travels into every other rank's error.
-    constexpr size_t kMaxCause = 240;
-    std::string cause = failure.size() > kMaxCause ? failure.substr(0, kMaxCause) + "..." : failure;
-    LostReport::Publish(*store, "rank " + std::to_string(world_rank) + " (" + cause + ") found " +
-                                    s.str());
+  // The cause, kept short: it travels into every other rank's error.
+  constexpr size_t kMaxCause = 240;
+  const std::string cause =
+      failure.size() > kMaxCause ? failure.substr(0, kMaxCause) + "..." : failure;
+  const std::string published =
+      "rank " + std::to_string(world_rank) + " (" + cause + ") found " + s.str();
+  if (!store_unanswered && RunWithin(kStoreReplyLimit, [store = store, published] {
+        LostReport::Publish(*store, published);
+      })) {
     // Long enough for every watcher to read it: this rank may serve the
     // store and exit next.
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  } catch (const std::exception&) {
   }
   return s.str();
 }

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/comm/internal/c10d_compat.h"
+#include "core/comm/internal/c10d.h"
 
 namespace fsdp2 {
 namespace comm {
@@ -61,7 +61,10 @@ struct PeerCheck {
   // gone, what that means and what another rank reported before. Publishes
   // what it finds, with `failure` (what failed on this rank, e.g.
   // "all_gather: timed out after 15000 ms") so that a rank which only sees
-  // this one exit learns the cause as well. Never throws.
+  // this one exit learns the cause as well. Never throws, and returns
+  // within about `wait` + 5 s even where the store no longer answers (a
+  // host cut off from rank 0's: LibTorch 2.x's store client would wait for
+  // its reply forever).
   std::string Describe(const std::string& failure) const;
 };
 
