@@ -83,12 +83,18 @@ std::string Bf16Support() {
   return s.empty() ? "no AVX-512" : s;
 }
 
-// The PyTorch rows: DDP, and the same ranks with no communication.
+// The PyTorch rows: DDP, the same ranks with no communication, and
+// PyTorch's own FSDP2.
 const char kDdp[] = "ddp";
 const char kNoComm[] = "torch_no_comm";
+const char kTorchFsdp2[] = "torch_fsdp2";
+
+bool IsPyTorch(const std::string& strategy) {
+  return strategy == kDdp || strategy == kNoComm || strategy == kTorchFsdp2;
+}
 
 struct Cell {
-  std::string model, precision, strategy;  // kDdp, kNoComm: PyTorch
+  std::string model, precision, strategy;  // IsPyTorch(): PyTorch
   int nproc = 0, threads = 0;
   int64_t tokens = 0;  // per step, all ranks
   std::vector<double> step_s;
@@ -129,6 +135,8 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   const bool no_comm = flags.Int("torch-no-comm", 1,
                                  "1: also PyTorch without communication (N > 1), "
                                  "the ceiling of engine / DDP") != 0;
+  const bool torch_fsdp2 = flags.Int("torch-fsdp2", 1,
+                                     "1: also PyTorch's own FSDP2 (fully_shard, gloo)") != 0;
   flags.Finish();
   const int cores = Cores();
   bool want_python = python_ddp == "1" || (python_ddp == "auto" && PythonTorchAvailable());
@@ -162,6 +170,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
         std::vector<std::string> kinds = strategies;
         if (want_python) kinds.push_back(kDdp);
         if (want_python && no_comm && n > 1) kinds.push_back(kNoComm);
+        if (want_python && torch_fsdp2) kinds.push_back(kTorchFsdp2);
         for (const auto& s : kinds) {
           Cell c;
           c.model = m.name;
@@ -192,10 +201,12 @@ int RunParent(flags::Flags& flags, const std::string& self) {
       std::fprintf(stderr, "round %d/%d: %s %s N=%d %s\n", round + 1, rounds,
                    c.model.c_str(), c.precision.c_str(), c.nproc, c.strategy.c_str());
       const ModelFlags m = model_of(c);
-      if (c.strategy == kDdp || c.strategy == kNoComm) {
-        const PythonDdpResult py = RunPythonDdp(m, c.nproc, c.threads,
-                                                c.precision == "bf16", steps, warmup,
-                                                c.strategy == kNoComm);
+      if (IsPyTorch(c.strategy)) {
+        const PythonDdpResult py = RunPythonDdp(
+            m, c.nproc, c.threads, c.precision == "bf16", steps, warmup,
+            c.strategy == kNoComm      ? PythonMode::kNoComm
+            : c.strategy == kTorchFsdp2 ? PythonMode::kFsdp2
+                                        : PythonMode::kDdp);
         if (!py.ok) {
           throw std::runtime_error("Python " + c.strategy + " failed: " + py.error);
         }
@@ -254,7 +265,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
           if (c.model != m.name || c.precision != p || c.nproc != n || c.step_s.empty()) {
             continue;
           }
-          const bool engine = c.strategy != kDdp && c.strategy != kNoComm;
+          const bool engine = !IsPyTorch(c.strategy);
           const Cell* fp32 = find(m.name, "fp32", c.nproc, c.strategy);
           std::printf("  %-14s %5d x %-3d %9.1f %10.0f ", c.strategy.c_str(), c.nproc,
                       c.threads, Step(c) * 1e3, TokensPerS(c));
@@ -306,6 +317,25 @@ int RunParent(flags::Flags& flags, const std::string& self) {
     std::printf("  %-52s %6.2f   (target %s)\n", what, a->peak_rss_mib / b->peak_rss_mib,
                 target);
   };
+  // Against PyTorch's own FSDP2 and the ceiling, per model: tokens/s, and
+  // each process's peak RSS (the engine's ranks and PyTorch's alike, as the
+  // kernel counts it).
+  const std::vector<std::pair<std::string, std::string>> fsdp2_targets = {
+      {"3m", "1.05"}, {"85m", "1.2"}};
+  for (const auto& [model, target] : fsdp2_targets) {
+    const std::string name = model == "3m" ? "3.3M" : "85M";
+    const Cell* ours = find(model, "fp32", 2, "full_shard");
+    const Cell* theirs = find(model, "fp32", 2, kTorchFsdp2);
+    ratio_line(name + " fp32 N=2 FULL_SHARD / PyTorch FSDP2 tokens/s", ours, theirs, true,
+               "target >= " + target);
+    ratio_line(name + " fp32 N=2 FULL_SHARD / PyTorch no comm tokens/s", ours,
+               find(model, "fp32", 2, kNoComm), true, "target >= 0.97");
+    if (ours && theirs) {
+      std::printf("  %-52s %6.2f   (target <= 1)\n",
+                  (name + " fp32 N=2 peak RSS FULL_SHARD / PyTorch FSDP2").c_str(),
+                  ours->peak_process_mib / theirs->peak_process_mib);
+    }
+  }
   const std::string ceiling =
       "ceiling of engine / DDP with PyTorch's kernels: no communication at all";
   ratio_line("3.3M fp32 N=2 FULL_SHARD / PyTorch DDP tokens/s",
@@ -364,7 +394,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
                 "scripts/setup.sh)\n");
   } else {
     std::printf("\nPyTorch: torch %s, gloo, bench/python_ddp_gpt.py, its own allocator "
-                "(torch_no_comm: the same without DDP)\n",
+                "(torch_no_comm: the same without DDP; torch_fsdp2: its fully_shard)\n",
                 torch_version.c_str());
   }
   std::printf("load at the end: %s\n", LoadAverage().c_str());

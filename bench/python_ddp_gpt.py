@@ -1,6 +1,7 @@
-#!/usr/bin/python3
-"""PyTorch's own data-parallel training (DDP on gloo, CPU) of the same GPT as
-core/models/gpt.cc, for bench/train_bench.cc's comparison.
+#!/usr/bin/env python3
+"""PyTorch's own data-parallel training (DDP, or FSDP2's fully_shard, on
+gloo, CPU) of the same GPT as core/models/gpt.cc, for the benchmarks'
+comparison.
 
 Each rank trains its slice of one global batch of random tokens with AdamW
 and clipping at 1.0, like the C++ benchmark. Prints `torch_version V`,
@@ -9,11 +10,16 @@ and clipping at 1.0, like the C++ benchmark. Prints `torch_version V`,
 `--bf16 1` forward and loss run under CPU bf16 autocast (PyTorch's own mixed
 precision: fp32 parameters, gradients and all-reduce). With `--no-comm 1`
 the ranks skip DDP and train alone (no gradient exchange): the ceiling of
-any data-parallel step that runs PyTorch's kernels on the same cores.
+any data-parallel step that runs PyTorch's kernels on the same cores. With
+`--fsdp2 1` PyTorch's own FSDP2 shards the model instead of DDP:
+`fully_shard` on each block, then on the root (FULL_SHARD: reshard after
+forward), on a 1-D CPU device mesh; `--bf16 1` is then its
+MixedPrecisionPolicy (bf16 parameters and compute, fp32 reduction), as
+fsdp2's own bf16 policy.
 
-    python3 bench/python_ddp_gpt.py --nproc 2 [--threads 1] [--bf16 1] [--no-comm 1]
+    python3 bench/python_ddp_gpt.py --nproc 2 [--threads 1] [--bf16 1] [--no-comm 1 | --fsdp2 1]
 
-Needs Debian's python3-torch (apt-get install python3-torch).
+Runs on the project's Python environment (scripts/setup.sh: PyTorch 2.11).
 """
 import argparse
 import math
@@ -90,9 +96,21 @@ def run(rank, a, port):
                             rank=rank, world_size=a.nproc)
     torch.manual_seed(1337)
     model = GPT(a)
-    # --no-comm 1: no DDP, so no gradient exchange (the docstring says why).
-    wrap = a.nproc > 1 and not a.no_comm
-    ddp = nn.parallel.DistributedDataParallel(model) if wrap else model
+    autocast = bool(a.bf16)
+    if a.fsdp2:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mesh = init_device_mesh("cpu", (a.nproc,))
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if a.bf16 else MixedPrecisionPolicy()
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        ddp, autocast = model, False
+    else:
+        # --no-comm 1: no DDP, so no gradient exchange (the docstring says why).
+        wrap = a.nproc > 1 and not a.no_comm
+        ddp = nn.parallel.DistributedDataParallel(model) if wrap else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95),
                             weight_decay=0.1)
     gen = torch.Generator().manual_seed(7)
@@ -107,7 +125,7 @@ def run(rank, a, port):
         x, y = batches[step % len(batches)]
         start = time.perf_counter()
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(a.bf16)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = ddp(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
         loss.backward()
@@ -132,7 +150,7 @@ def main():
     for name, default in [("nproc", 2), ("steps", 20), ("warmup", 3), ("n-layer", 4),
                           ("n-embd", 128), ("n-head", 4), ("block-size", 64),
                           ("vocab-size", 256), ("global-batch", 16),
-                          ("threads", 0), ("bf16", 0), ("no-comm", 0)]:
+                          ("threads", 0), ("bf16", 0), ("no-comm", 0), ("fsdp2", 0)]:
         p.add_argument("--" + name, type=int, default=default)
     a = p.parse_args()
     import socket

@@ -52,10 +52,14 @@ double StepFlops(const models::GPTConfig& c, int64_t tokens);
 int RunGemmRank(flags::Flags& flags);
 int RunTrainRank(flags::Flags& flags, const ModelFlags& defaults);
 
-// PyTorch's own DDP (bench/python_ddp_gpt.py, gloo, its own allocator) on
-// the same model and global batch. With `no_comm` the ranks skip DDP and
-// never exchange gradients: the fastest a data-parallel step built from
-// PyTorch's kernels can be on these cores, the ceiling of engine / DDP.
+// PyTorch's own data parallelism (bench/python_ddp_gpt.py, gloo, its own
+// allocator) on the same model and global batch, as `mode` says:
+//   kDdp     DistributedDataParallel;
+//   kNoComm  the ranks skip DDP and never exchange gradients: the fastest a
+//            data-parallel step built from PyTorch's kernels can be on these
+//            cores, the ceiling of engine / DDP;
+//   kFsdp2   PyTorch's own FSDP2 (fully_shard per block and root, FULL_SHARD).
+enum class PythonMode { kDdp, kNoComm, kFsdp2 };
 struct PythonDdpResult {
   bool ok = false;
   double median_step_s = 0;  // the slowest rank's, median over steps
@@ -64,9 +68,9 @@ struct PythonDdpResult {
   std::string error;  // when !ok: the end of its output
 };
 PythonDdpResult RunPythonDdp(const ModelFlags& m, int nproc, int threads, bool bf16,
-                             int steps, int warmup, bool no_comm = false);
+                             int steps, int warmup, PythonMode mode = PythonMode::kDdp);
 
-// Whether /usr/bin/python3 can import torch.
+// Whether the venv's python3 (FSDP2_PYTHON) can import torch.
 bool PythonTorchAvailable();
 
 }  // namespace bench
