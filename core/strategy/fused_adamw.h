@@ -10,9 +10,11 @@
 // addcmul_, and without them where ATen runs its plain kernels, and ATen's
 // own square root, which in PyTorch's wheels is MKL's and not correctly
 // rounded), so the results are bit-identical (optimizer_test checks it);
-// only the memory traffic falls. Measured here, one core: a step over 42.6M fp32 parameters
-// (a rank's shard of the 85M GPT at N = 2) took 259 ms in LibTorch's AdamW
-// and 141 ms in this one.
+// only the memory traffic falls. A step over 42.6M fp32 parameters (a
+// rank's shard of the 85M GPT at N = 2), one core: LibTorch 2.11's AdamW
+// 367-383 ms, this one 302-304 ms (2-core AMD EPYC, AVX2); on LibTorch 1.13,
+// whose std::sqrt-exact square root needed no separate pass, 259 against
+// 141 ms on an AVX-512 EPYC.
 //
 // When a parameter is not a dense, contiguous float or double CPU tensor
 // with a gradient (and a state, if it has one yet) of the same kind, or a
