@@ -30,7 +30,7 @@ def _first_existing(ctx, paths):
             return p
     return None
 
-def venv_path(ctx):
+def _venv_path(ctx):
     return ctx.os.environ.get("FSDP2_VENV", DEFAULT_VENV).rstrip("/")
 
 def _venv_torch(ctx, venv):
@@ -38,7 +38,7 @@ def _venv_torch(ctx, venv):
     return found.stdout.strip()
 
 def _libtorch_repository_impl(ctx):
-    venv = venv_path(ctx)
+    venv = _venv_path(ctx)
     root = ctx.os.environ.get("FSDP2_LIBTORCH", "").rstrip("/")
     if root == "":
         root = _venv_torch(ctx, venv)
@@ -131,7 +131,7 @@ cc_library(
         linkopts = repr(linkopts),
     ))
     ctx.file("WORKSPACE", "workspace(name = \"libtorch\")\n")
-    ctx.file("root.bzl", "LIBTORCH_ROOT = %r\nLIBTORCH_LIBDIR = %r\nLIBTORCH_HAS_CUDA = %r\nLIBTORCH_VERSION = %r\nLIBTORCH_CUDA_LIBDIRS = %r\n" % (root, libdir, cuda, version, cuda_libdirs))
+    ctx.file("root.bzl", "LIBTORCH_ROOT = %r\nLIBTORCH_LIBDIR = %r\nLIBTORCH_HAS_CUDA = %r\n" % (root, libdir, cuda))
 
 libtorch_repository = repository_rule(
     implementation = _libtorch_repository_impl,
@@ -140,7 +140,7 @@ libtorch_repository = repository_rule(
 )
 
 def _venv_repository_impl(ctx):
-    venv = venv_path(ctx)
+    venv = _venv_path(ctx)
     python = venv + "/bin/python3"
     if not ctx.path(python).exists:
         fail("%s is missing: run scripts/setup.sh, which makes the project's Python environment " % python +
