@@ -15,6 +15,8 @@ PACKAGES=(
   bazel-bootstrap bazel-platforms bazel-rules-java
   # Compiler and the C++ libraries the core links.
   g++ libabsl-dev nlohmann-json3-dev
+  # The checksums of checkpoint files (libdeflate's CRC-32, linked in).
+  libdeflate-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # Declarations only: PyTorch's wheel installs no gloo headers, while
   # ProcessGroupGloo.hpp includes them (third_party/libtorch/libtorch.bzl

@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -24,6 +25,9 @@
 
 namespace fsdp2 {
 namespace checkpoint {
+namespace internal {
+class StreamReader;  // safetensors.cc
+}  // namespace internal
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
@@ -61,6 +65,7 @@ class SafetensorsStreamWriter {
   std::map<std::string, std::string> crcs_;
   size_t next_ = 0;
   size_t header_bytes_ = 0;
+  uint64_t written_ = 0;  // bytes in the file so far
   int fd_ = -1;
 };
 
@@ -85,14 +90,21 @@ class SafetensorsFile {
 
   // The whole tensor, checksum verified when the file carries one.
   at::Tensor load(const std::string& name) const;
+  // Every tensor, checksums verified, in the order of the file, to `visit`:
+  // one sequential pass with the disk reading ahead, the fastest way to
+  // check (and keep) a whole file. Stops at the first error (thrown).
+  void load_each(const std::function<void(const std::string&, at::Tensor)>& visit) const;
   // Rows [row_start, row_start + rows) along dim 0, reading only their bytes
   // (no checksum: it covers the whole tensor).
   at::Tensor load_rows(const std::string& name, int64_t row_start,
                        int64_t rows) const;
 
  private:
-  at::Tensor read(const std::string& name, uint64_t begin, uint64_t bytes,
-                  std::vector<int64_t> shape) const;
+  // Reads bytes [begin, begin + bytes) of the data section as a tensor of
+  // `name`'s dtype; with `verify`, checks the tensor's CRC-32 (where the
+  // file has one) as the bytes come in.
+  at::Tensor read(internal::StreamReader& reader, const std::string& name, uint64_t begin,
+                  uint64_t bytes, std::vector<int64_t> shape, bool verify) const;
 
   std::string path_;
   uint64_t data_start_ = 0;
@@ -100,7 +112,9 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// CRC-32 (IEEE) of a byte range, for checksums in metadata.
+// CRC-32 (IEEE 802.3, as zlib's and gzip's) of a byte range, for checksums in metadata;
+// `crc` continues an earlier range's value: Crc32(b, m, Crc32(a, n)) is the
+// CRC of a followed by b.
 uint32_t Crc32(const void* data, size_t size, uint32_t crc = 0);
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
@@ -125,6 +126,40 @@ TEST(Safetensors, AtomicWriteLeavesNoTemporaryAndReplacesWhole) {
 
 TEST(Safetensors, Crc32MatchesTheStandardCheckValue) {
   EXPECT_EQ(Crc32("123456789", 9), 0xCBF43926u);
+  // A value continued over pieces is the value of the whole.
+  EXPECT_EQ(Crc32("56789", 5, Crc32("1234", 4)), 0xCBF43926u);
+  EXPECT_EQ(Crc32("", 0), 0u);
+}
+
+// Tensors larger than the 8 MiB pieces data moves in: written and read in
+// several pieces, with one checksum over all of them; a flipped byte in a
+// later piece is still caught, and a row range across pieces is exact.
+TEST(Safetensors, TensorsOfManyPiecesRoundTripAndAreChecked) {
+  const auto path = Tmp("large.safetensors");
+  at::Tensor big = at::randn({5 << 20});  // 20 MiB: three pieces
+  at::Tensor small = at::arange(7, at::kLong);
+  WriteSafetensors(path, {{"small", small}, {"big", big}});
+  {
+    SafetensorsFile f(path);
+    EXPECT_TRUE(f.load("big").equal(big));
+    EXPECT_TRUE(f.load("small").equal(small));
+    at::Tensor rows = f.load_rows("big", (2 << 20) - 3, 3 << 20);
+    EXPECT_TRUE(rows.equal(big.narrow(0, (2 << 20) - 3, 3 << 20)));
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "%08x",
+                  Crc32(big.data_ptr(), big.numel() * big.element_size()));
+    EXPECT_EQ(f.metadata().at("fsdp2.crc32.big"), hex);
+  }
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-(1 << 20), std::ios::end);  // inside the last piece of "big"
+    const char was = static_cast<char>(f.get());
+    f.seekp(-(1 << 20), std::ios::end);
+    f.put(static_cast<char>(~was));
+  }
+  SafetensorsFile f(path);
+  EXPECT_TRUE(f.load("small").equal(small));
+  ExpectError([&] { f.load("big"); }, "checksum mismatch for tensor 'big'");
 }
 
 }  // namespace
