@@ -40,19 +40,14 @@ at::Tensor AsRows(const at::Tensor& t, const fsdp::ShardInfo& s) {
   return t.detach().reshape({s.local_rows, RowNumel(s.global_shape)});
 }
 
-}  // namespace
-
-void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
-                           torch::optim::Optimizer* optimizer, comm::World& world,
-                           const std::map<std::string, std::string>& progress) {
-  StageShardedCheckpoint(dir, root, optimizer, world, progress)();
-  world.group()->barrier().wait();
-}
-
-PendingWrite StageShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
-                                    torch::optim::Optimizer* optimizer, comm::World& world,
-                                    const std::map<std::string, std::string>& progress,
-                                    std::chrono::milliseconds wait_for_ranks) {
+// The collective part of a save; the returned PendingWrite writes the
+// files. `snapshot`: copy this rank's rows now, so that training may go on
+// while the write runs on another thread; without it the write reads the
+// live shards and must run before they change.
+PendingWrite Stage(const std::string& dir, torch::nn::Module& root,
+                   torch::optim::Optimizer* optimizer, comm::World& world,
+                   const std::map<std::string, std::string>& progress,
+                   std::chrono::milliseconds wait_for_ranks, bool snapshot) {
   const std::string kind = OptimizerKind(optimizer);
   const std::string tmp = dir + ".tmp";
   const auto layouts = internal::ParamLayouts(root, world.rank());
@@ -98,7 +93,9 @@ PendingWrite StageShardedCheckpoint(const std::string& dir, torch::nn::Module& r
         return full.reshape({full_rows, RowNumel(l.full_shape)}).narrow(0, row_start, n).clone();
       };
     } else if (l.writes_rows) {
-      rows = [&s](const at::Tensor& local) { return AsRows(local, s).clone(); };
+      rows = [&s, snapshot](const at::Tensor& local) {
+        return snapshot ? AsRows(local, s).clone() : AsRows(local, s);
+      };
     }
     at::Tensor param = rows ? rows(s.shard) : at::Tensor();
     const bool write = param.defined() && param.size(0) > 0;
@@ -161,6 +158,23 @@ PendingWrite StageShardedCheckpoint(const std::string& dir, torch::nn::Module& r
   };
 }
 
+}  // namespace
+
+void SaveShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
+                           torch::optim::Optimizer* optimizer, comm::World& world,
+                           const std::map<std::string, std::string>& progress) {
+  Stage(dir, root, optimizer, world, progress, std::chrono::minutes(30),
+        /*snapshot=*/false)();
+  world.group()->barrier().wait();
+}
+
+PendingWrite StageShardedCheckpoint(const std::string& dir, torch::nn::Module& root,
+                                    torch::optim::Optimizer* optimizer, comm::World& world,
+                                    const std::map<std::string, std::string>& progress,
+                                    std::chrono::milliseconds wait_for_ranks) {
+  return Stage(dir, root, optimizer, world, progress, wait_for_ranks, /*snapshot=*/true);
+}
+
 std::map<std::string, std::string> LoadShardedCheckpoint(
     const std::string& dir, torch::nn::Module& root, torch::optim::Optimizer* optimizer,
     comm::World& world) {
@@ -192,6 +206,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
   // Which file holds which rows of which tensor.
   struct Piece {
     const SafetensorsFile* file;
+    size_t file_index;
     int64_t row_start;
     int64_t rows;
   };
@@ -209,18 +224,42 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
                                 ? name.substr(6)
                                 : name.substr(name.find('/', 6) + 1);
       const int64_t start = std::stoll(f.metadata().at("row_start/" + p));
-      pieces[name].push_back({&f, start, info.shape.empty() ? 1 : info.shape[0]});
+      pieces[name].push_back({&f, files.size() - 1, start, info.shape.empty() ? 1 : info.shape[0]});
       auto step = f.metadata().find("step/" + p);
       if (step != f.metadata().end()) steps[p] = std::stoll(step->second);
     }
   }
+  // The rows this rank holds of each parameter: its FSDP rows, or all of a
+  // tensor-parallel parameter's (it takes its block of the whole).
+  const auto layouts = internal::ParamLayouts(root, world.rank());
+  auto my_rows = [&](size_t i) -> std::pair<int64_t, int64_t> {
+    const auto& l = layouts[i];
+    if (l.tp) return {0, l.full_shape.empty() ? 1 : l.full_shape[0]};
+    return {l.shard.row_start, l.shard.local_rows};
+  };
+  // Files this rank reads rows from (all the tensors of a file hold the
+  // same rows of their parameters, so the model's tensors tell).
+  std::vector<bool> reads_from(files.size(), false);
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const auto [start, rows] = my_rows(i);
+    for (const auto& piece : pieces["model/" + layouts[i].shard.name]) {
+      if (std::max(start, piece.row_start) < std::min(start + rows, piece.row_start + piece.rows)) {
+        reads_from[piece.file_index] = true;
+      }
+    }
+  }
   // Every tensor's checksum is verified once, whatever the loading world
   // size: rank r checks the files r, r + M, ... whole. All ranks learn of a
-  // failure before anything is written.
+  // failure before anything is written. What a rank checked of a file it
+  // also reads rows from is kept (on the world size it was saved on, rank
+  // r's rows are file r's), so those bytes come from the disk once.
   std::string corrupt;
+  std::map<std::pair<size_t, std::string>, at::Tensor> checked;
   for (size_t i = world.rank(); i < files.size() && corrupt.empty(); i += world.size()) {
     try {
-      for (const auto& item : files[i]->tensors()) files[i]->load(item.first);
+      files[i]->load_each([&](const std::string& name, at::Tensor t) {
+        if (reads_from[i]) checked[{i, name}] = std::move(t);
+      });
     } catch (const std::exception& e) {
       corrupt = e.what();
     }
@@ -238,27 +277,40 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
                        const std::vector<int64_t>& full_shape,
                        const at::TensorOptions& options) -> at::Tensor {
     const int64_t width = RowNumel(full_shape);
-    at::Tensor out = at::empty({rows, width}, options);
+    at::Tensor out;
     int64_t covered = 0;
     for (const auto& piece : pieces[key]) {
       const int64_t lo = std::max(row_start, piece.row_start);
       const int64_t hi = std::min(row_start + rows, piece.row_start + piece.rows);
       if (lo >= hi) continue;
-      at::Tensor part = piece.file->load_rows(key, lo - piece.row_start, hi - lo);
-      if (part.numel() != (hi - lo) * width) {
+      auto kept = checked.find({piece.file_index, key});
+      at::Tensor part = kept != checked.end()
+                            ? kept->second
+                            : piece.file->load_rows(key, lo - piece.row_start, hi - lo);
+      const int64_t part_rows = kept != checked.end() ? piece.rows : hi - lo;
+      if (part.numel() != part_rows * width) {
         throw IoError(piece.file->path() + ": '" + key + "' has rows of " +
-                                 std::to_string(part.numel() / std::max<int64_t>(1, hi - lo)) +
+                                 std::to_string(part.numel() / std::max<int64_t>(1, part_rows)) +
                                  " elements, the model's have " + std::to_string(width));
       }
-      out.narrow(0, lo - row_start, hi - lo).copy_(part.reshape({hi - lo, width}));
+      part = part.reshape({part_rows, width});
+      if (kept != checked.end()) part = part.narrow(0, lo - piece.row_start, hi - lo);
+      // A whole piece that is all of the rows, as the model wants them: no
+      // copy (and no larger tensor kept alive behind a view of part of it).
+      if (hi - lo == rows && part.numel() == part_rows * width &&
+          lo == piece.row_start && hi == piece.row_start + piece.rows &&
+          part.scalar_type() == options.dtype() && options.device().is_cpu()) {
+        return part;
+      }
+      if (!out.defined()) out = at::empty({rows, width}, options);
+      out.narrow(0, lo - row_start, hi - lo).copy_(part);
       covered += hi - lo;
     }
     if (covered != rows) {
       throw IoError(dir + ": rows of '" + key + "' are missing from the shard files");
     }
-    return out;
+    return out.defined() ? out : at::empty({rows, width}, options);
   };
-  const auto layouts = internal::ParamLayouts(root, world.rank());
   std::vector<fsdp::ShardInfo> shards;
   for (const auto& l : layouts) shards.push_back(l.shard);
   // This rank's shard of a tensor: its FSDP rows, or for a tensor-parallel
@@ -304,6 +356,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
     }
     states.emplace_back(&s, std::move(st));
   }
+  checked.clear();  // what no parameter took
   for (const auto& item : m["params"].items()) {
     bool known = false;
     for (const auto& s : shards) known = known || s.name == item.key();
