@@ -3,8 +3,13 @@
 
 #include <ATen/ATen.h>
 
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -31,6 +36,70 @@ std::string FullFile(const std::string& path) {
              ? path
              : (fs::path(path) / kFullCheckpointFile).string();
 }
+
+// Rank 0's file in a synchronous full save: gathered tensors are written on
+// a thread of its own, so that the next gather runs while the disk takes
+// this one. At most two tensors wait. An error stops the writing but not
+// push(), so rank 0 keeps taking part in the gathers; finish() commits the
+// file or throws that error.
+class OverlappedWriter {
+ public:
+  explicit OverlappedWriter(std::unique_ptr<SafetensorsStreamWriter> writer)
+      : writer_(std::move(writer)), thread_([this] { run(); }) {}
+  ~OverlappedWriter() {
+    close();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void push(at::Tensor t) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return queue_.size() < 2; });
+    queue_.push_back(std::move(t));
+    changed_.notify_all();
+  }
+
+  void finish() {
+    close();
+    thread_.join();
+    if (error_) std::rethrow_exception(error_);
+    writer_->commit();
+  }
+
+ private:
+  void close() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;
+    changed_.notify_all();
+  }
+
+  void run() {
+    for (;;) {
+      at::Tensor t;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return !queue_.empty() || closed_; });
+        if (queue_.empty()) return;
+        t = std::move(queue_.front());
+        queue_.pop_front();
+        changed_.notify_all();
+      }
+      if (error_) continue;  // drop: the file is lost already
+      try {
+        writer_->write(t);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    }
+  }
+
+  std::unique_ptr<SafetensorsStreamWriter> writer_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<at::Tensor> queue_;
+  bool closed_ = false;
+  std::exception_ptr error_;  // the writer thread's only
+  std::thread thread_;        // last: starts once the rest exists
+};
 
 // Saves (stage = false: rank 0 streams each gathered tensor to the file) or
 // stages (rank 0 keeps them and the returned PendingWrite writes the file).
@@ -67,12 +136,15 @@ PendingWrite SaveOrStage(const std::string& dir, torch::nn::Module& root,
       specs.push_back({kOptimPrefix + key + "/" + s.name, t.scalar_type(), full_shape});
     }
   }
-  std::unique_ptr<SafetensorsStreamWriter> writer;
+  std::unique_ptr<OverlappedWriter> writer;
   std::string error, file;
   if (world.rank() == 0) {
     try {
       file = (fs::path(internal::BeginSave(dir)) / kFullCheckpointFile).string();
-      if (!stage) writer = std::make_unique<SafetensorsStreamWriter>(file, specs, meta);
+      if (!stage) {
+        writer = std::make_unique<OverlappedWriter>(
+            std::make_unique<SafetensorsStreamWriter>(file, specs, meta));
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -80,7 +152,7 @@ PendingWrite SaveOrStage(const std::string& dir, torch::nn::Module& root,
   internal::ShareRank0Error(error, world, dir + ": rank 0 cannot save a checkpoint there");
   std::vector<at::Tensor> staged;  // rank 0, when staging
   auto consume = [&](const at::Tensor& full) {
-    if (writer) writer->write(full);
+    if (writer) writer->push(full);
     if (stage && world.rank() == 0) staged.push_back(full);
   };
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -90,11 +162,20 @@ PendingWrite SaveOrStage(const std::string& dir, torch::nn::Module& root,
       consume(internal::GatherFull(layouts[i], item.second));
     }
   }
-  if (writer) {
-    writer->commit();
-    internal::CommitSave(dir);
+  if (!stage) {
+    // Every rank learns whether rank 0's file made it.
+    std::string write_error;
+    if (writer) {
+      try {
+        writer->finish();
+        internal::CommitSave(dir);
+      } catch (const std::exception& e) {
+        write_error = e.what();
+      }
+    }
+    internal::ShareRank0Error(write_error, world, dir + ": rank 0 could not write the checkpoint");
+    return nullptr;
   }
-  if (!stage) return nullptr;
   if (world.rank() != 0) return [] {};
   return [dir, file, specs = std::move(specs), meta = std::move(meta),
           staged = std::move(staged)] {
@@ -171,8 +252,8 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
           throw IoError(path + ": holds parameter '" + param +
                                    "', which the model does not have");
         }
-        f.load(name);  // verifies the checksum
       }
+      f.load_each([](const std::string&, const at::Tensor&) {});  // verifies every checksum
     } catch (const std::exception& e) {
       error = e.what();
     }
