@@ -163,8 +163,17 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
         tcp.timeout = options.timeout;
         watch_store = c10::make_intrusive<::c10d::TCPStore>(options.master_addr, tcp);
       }
-      impl->lost_report = std::make_shared<internal::LostReport>(
-          watch_store, rank, std::chrono::seconds(1));
+      if (options.store_path.empty()) {
+        // Woken through the world's store, its wait renewed every minute,
+        // less often beyond 512 ranks: at most about 26 requests a second
+        // from all the watchers together, whatever the world size.
+        const auto period = std::chrono::minutes(1) * ((world_size + 511) / 512);
+        impl->lost_report = std::make_shared<internal::LostReport>(
+            watch_store, rank, period, impl->store);
+      } else {
+        impl->lost_report = std::make_shared<internal::LostReport>(
+            watch_store, rank, std::chrono::seconds(1));
+      }
     }
     if (options.backend == "gloo") {
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
