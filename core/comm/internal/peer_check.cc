@@ -16,18 +16,20 @@ namespace comm {
 namespace internal {
 namespace {
 
-// Set by each rank that diagnoses a failure; the list holds them all, "<rank>\n"
-// each, so that one read names those that did not answer.
-std::string AliveKey(int rank) { return "fsdp2/alive_after_failure/" + std::to_string(rank); }
+// Each rank that diagnoses a failure appends "<rank>\n" to the list and
+// counts itself in the counter (once per diagnosis: a rank may count more
+// than once). The others poll the counter, a small request, and read the
+// list only when the count could mean that all of them answered.
 const char kAliveList[] = "fsdp2/alive_after_failure/list";
+const char kAliveCount[] = "fsdp2/alive_after_failure/count";
 const char kReportKey[] = "fsdp2/lost_report";
 
 std::vector<uint8_t> Bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
 }
 
-// The ranks of `group_ranks` absent from the alive list `list`.
-std::vector<int> NotAnswered(const std::vector<uint8_t>& list, const std::vector<int>& group_ranks) {
+// The ranks of `ranks` absent from the alive list `list`.
+std::vector<int> NotAnswered(const std::vector<uint8_t>& list, const std::vector<int>& ranks) {
   std::vector<bool> answered;
   std::istringstream lines(std::string(list.begin(), list.end()));
   for (int r; lines >> r;) {
@@ -37,7 +39,7 @@ std::vector<int> NotAnswered(const std::vector<uint8_t>& list, const std::vector
     }
   }
   std::vector<int> missing;
-  for (int r : group_ranks) {
+  for (int r : ranks) {
     if (static_cast<size_t>(r) >= answered.size() || !answered[r]) missing.push_back(r);
   }
   return missing;
@@ -206,24 +208,33 @@ std::string PeerCheck::Describe(const std::string& failure) const {
     const int world_rank = check.world_rank;
     const auto& report = check.report;
     std::vector<int> missing, running;
-    store->set(AliveKey(world_rank), Bytes("1"));
     store->append(kAliveList, Bytes(std::to_string(world_rank) + "\n"));
-    std::vector<std::string> others;
+    store->add(kAliveCount, 1);
+    std::vector<int> others;
     for (int r : group_ranks) {
-      if (r != world_rank) others.push_back(AliveKey(r));
+      if (r != world_rank) others.push_back(r);
     }
-    // One request a poll while some have not answered; halfway, the
-    // watchers of those are woken to beat (`beats`: their count before).
+    // One small request a poll; the list (a few bytes a rank) is read when
+    // the count has changed and is large enough for all `others` to be in
+    // it, halfway (when the watchers of those not in it are woken to beat;
+    // `beats`: their count before) and at the deadline.
     const auto start = std::chrono::steady_clock::now();
     const auto halfway = start + check.wait / 2, deadline = start + check.wait;
     std::vector<std::pair<int, int64_t>> beats;
     bool woken = false;
-    while (!store->check(others)) {
+    int64_t count_read = -1;
+    while (true) {
+      const int64_t count = store->add(kAliveCount, 0);
+      if (count != count_read && count >= static_cast<int64_t>(others.size())) {
+        count_read = count;
+        missing = NotAnswered(store->get(kAliveList), others);
+        if (missing.empty()) break;
+      }
       const auto now = std::chrono::steady_clock::now();
       if (report && !woken && now >= halfway) {
         woken = true;
         std::vector<std::string> wake;
-        for (int r : NotAnswered(store->get(kAliveList), group_ranks)) {
+        for (int r : NotAnswered(store->get(kAliveList), others)) {
           beats.emplace_back(r, store->add(LostReport::HeartbeatKey(r), 0));
           wake.push_back(LostReport::WakeKey(r));
         }
@@ -232,7 +243,7 @@ std::string PeerCheck::Describe(const std::string& failure) const {
         }
       }
       if (now >= deadline) {
-        missing = NotAnswered(store->get(kAliveList), group_ranks);
+        missing = NotAnswered(store->get(kAliveList), others);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));

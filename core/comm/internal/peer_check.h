@@ -83,8 +83,9 @@ struct PeerCheck {
   // within about `wait` + 5 s even where the store no longer answers (a
   // host cut off from rank 0's: LibTorch 2.x's store client would wait for
   // its reply forever). Its store requests do not grow with the group's
-  // size: about `wait` / 100 ms polls of one request each, two reads of the
-  // list of those that answered, and two per rank that did not answer.
+  // size: about `wait` / 100 ms polls of a counter, reads of the list of
+  // those that answered (a few bytes a rank) when the counter says that all
+  // may have, halfway and at the end, and two per rank that did not answer.
   std::string Describe(const std::string& failure) const;
 };
 
