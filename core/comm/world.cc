@@ -1,15 +1,16 @@
 #include "core/comm/world.h"
 #include "core/common/error.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 
 #include "core/comm/internal/c10d.h"
 #include "core/comm/internal/connect_transport.h"
 #include "core/comm/internal/host.h"
+#include "core/comm/internal/host_exchange.h"
 #include "core/comm/internal/process_group_impl.h"
 
 namespace fsdp2 {
@@ -39,49 +40,6 @@ std::vector<uint8_t> Bytes(const std::string& s) {
 
 bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
-
-// Every rank publishes its host and waits for all the others'; a rank
-// that does not arrive within the timeout is named. Rank 0 serves the store
-// and waits 2 s longer, so that the others can still ask it who is missing.
-std::vector<std::string> ExchangeHosts(::c10d::Store& store, int rank, int world,
-                                       std::chrono::milliseconds timeout) {
-  auto key = [](int k) { return "fsdp2/host/" + std::to_string(k); };
-  store.set(key(rank), Bytes(internal::HostIdentity()));
-  std::vector<std::string> keys;
-  for (int k = 0; k < world; ++k) keys.push_back(key(k));
-  const auto deadline = std::chrono::steady_clock::now() + timeout +
-                        (rank == 0 ? std::chrono::seconds(2) : std::chrono::seconds(0));
-  try {
-    while (!store.check(keys)) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        std::ostringstream missing;
-        int n = 0;
-        for (int k = 0; k < world; ++k) {
-          if (!store.check({keys[k]})) missing << (n++ ? ", " : "") << k;
-        }
-        throw TimeoutError(
-            "rank" + std::string(n > 1 ? "s " : " ") + missing.str() + " of " +
-            std::to_string(world) + " did not arrive within " +
-            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
-            " s (not started, or started with another MASTER_ADDR, MASTER_PORT or WORLD_SIZE)");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    if (rank == 0) throw;
-    throw CommunicationError(
-        std::string(e.what()) + " (the store's server, rank 0, went away while "
-        "the ranks were meeting: it gave up waiting or exited; see its error)");
-  }
-  std::vector<std::string> hosts;
-  for (const auto& k : keys) {
-    auto v = store.get(k);
-    hosts.emplace_back(v.begin(), v.end());
-  }
-  return hosts;
 }
 
 }  // namespace
@@ -188,7 +146,8 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
       throw CommunicationError(msg.str());
     }
     // Which host every rank runs on.
-    impl->hosts = ExchangeHosts(*impl->store, rank, world_size, options.timeout);
+    impl->hosts = internal::ExchangeHosts(*impl->store, rank, world_size,
+                                          internal::HostIdentity(), options.timeout);
     std::map<std::string, int> per_host;
     for (const auto& h : impl->hosts) ++per_host[h];
     impl->num_hosts = static_cast<int>(per_host.size());
@@ -204,8 +163,17 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
         tcp.timeout = options.timeout;
         watch_store = c10::make_intrusive<::c10d::TCPStore>(options.master_addr, tcp);
       }
-      impl->lost_report = std::make_shared<internal::LostReport>(
-          watch_store, rank, std::chrono::seconds(1));
+      if (options.store_path.empty()) {
+        // Woken through the world's store, its wait renewed every minute,
+        // less often beyond 512 ranks: at most about 26 requests a second
+        // from all the watchers together, whatever the world size.
+        const auto period = std::chrono::minutes(1) * ((world_size + 511) / 512);
+        impl->lost_report = std::make_shared<internal::LostReport>(
+            watch_store, rank, period, impl->store);
+      } else {
+        impl->lost_report = std::make_shared<internal::LostReport>(
+            watch_store, rank, std::chrono::seconds(1));
+      }
     }
     if (options.backend == "gloo") {
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");

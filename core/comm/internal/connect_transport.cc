@@ -37,10 +37,13 @@ bool SharedMemoryAgreed(::c10d::Store& store, int rank, int world) {
             Bytes(HostIdentity() + (enabled ? "/on" : "/off")));
   bool usable = enabled;
   const std::string mine = HostIdentity() + "/on";
-  for (int k = 0; k < world; ++k) {
-    if (String(store.get("fsdp2_shm/host/" + std::to_string(k))) != mine) {
-      usable = false;
-    }
+  // Two requests per rank (a wait the server answers when all are there,
+  // one read of them all), not one per peer: N, not N^2, at the server.
+  std::vector<std::string> keys;
+  for (int k = 0; k < world; ++k) keys.push_back("fsdp2_shm/host/" + std::to_string(k));
+  store.wait(keys);
+  for (const auto& host : store.multiGet(keys)) {
+    if (String(host) != mine) usable = false;
   }
   return usable;
 }

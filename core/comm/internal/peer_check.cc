@@ -16,8 +16,34 @@ namespace comm {
 namespace internal {
 namespace {
 
-std::string AliveKey(int rank) { return "fsdp2/alive_after_failure/" + std::to_string(rank); }
+// Each rank that diagnoses a failure appends "<rank>\n" to the list and
+// counts itself in the counter (once per diagnosis: a rank may count more
+// than once). The others poll the counter, a small request, and read the
+// list only when the count could mean that all of them answered.
+const char kAliveList[] = "fsdp2/alive_after_failure/list";
+const char kAliveCount[] = "fsdp2/alive_after_failure/count";
 const char kReportKey[] = "fsdp2/lost_report";
+
+std::vector<uint8_t> Bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+// The ranks of `ranks` absent from the alive list `list`.
+std::vector<int> NotAnswered(const std::vector<uint8_t>& list, const std::vector<int>& ranks) {
+  std::vector<bool> answered;
+  std::istringstream lines(std::string(list.begin(), list.end()));
+  for (int r; lines >> r;) {
+    if (r >= 0) {
+      if (answered.size() <= static_cast<size_t>(r)) answered.resize(r + 1);
+      answered[r] = true;
+    }
+  }
+  std::vector<int> missing;
+  for (int r : ranks) {
+    if (static_cast<size_t>(r) >= answered.size() || !answered[r]) missing.push_back(r);
+  }
+  return missing;
+}
 
 // Runs `requests` (store requests) on a thread of its own and waits at most
 // `limit` for them; false if they did not finish in time (or threw). A
@@ -58,6 +84,8 @@ struct LostReport::State {
   std::mutex mu;
   std::condition_variable stop_cv;
   bool stop = false;
+  c10::intrusive_ptr<::c10d::Store> waker;  // null: the watcher runs on a clock
+  int rank = 0;
   std::string seen;
   std::thread thread;
 };
@@ -66,13 +94,19 @@ std::string LostReport::HeartbeatKey(int rank) {
   return "fsdp2/heartbeat/" + std::to_string(rank);
 }
 
+std::string LostReport::WakeKey(int rank) {
+  return "fsdp2/wake/" + std::to_string(rank);
+}
+
 LostReport::LostReport(c10::intrusive_ptr<::c10d::Store> store, int rank,
-                       std::chrono::milliseconds period)
+                       std::chrono::milliseconds period,
+                       c10::intrusive_ptr<::c10d::Store> waker)
     : state_(std::make_shared<State>()) {
+  state_->waker = std::move(waker);
+  state_->rank = rank;
   state_->thread = std::thread([state = state_, store, rank, period] {
-    std::unique_lock<std::mutex> lock(state->mu);
-    while (!state->stop_cv.wait_for(lock, period, [&] { return state->stop; })) {
-      lock.unlock();
+    const bool woken_by_store = static_cast<bool>(state->waker);
+    while (true) {
       std::string report;
       try {
         store->add(HeartbeatKey(rank), 1);
@@ -83,8 +117,25 @@ LostReport::LostReport(c10::intrusive_ptr<::c10d::Store> store, int rank,
       } catch (const std::exception&) {
         return;  // the store is gone: keep what was seen
       }
-      lock.lock();
+      std::unique_lock<std::mutex> lock(state->mu);
       if (!report.empty()) state->seen = report;
+      if (!woken_by_store) {
+        if (state->stop_cv.wait_for(lock, period, [&] { return state->stop; })) return;
+        continue;
+      }
+      if (state->stop) return;
+      lock.unlock();
+      try {
+        store->wait({WakeKey(rank)}, period);
+        // A wake set after this delete finds the next wait; one set before
+        // it is answered by the beat and the read that follow.
+        store->deleteKey(WakeKey(rank));
+      } catch (const std::exception&) {
+        // The wait timed out (it is renewed), or the store is gone (the
+        // next request says so).
+      }
+      lock.lock();
+      if (state->stop) return;
     }
   });
 }
@@ -96,8 +147,16 @@ LostReport::~LostReport() {
   }
   state_->stop_cv.notify_all();
   if (!state_->thread.joinable()) return;
-  // A heartbeat stuck in a store request on a host that lost the network
-  // never returns (see RunWithin); the thread owns its state and store.
+  // A watcher woken by the store is blocked in a wait until its wake key
+  // is set. Where the store does not answer, it is stuck in a request (see
+  // RunWithin) and is left, owning its state and store.
+  if (state_->waker &&
+      !RunWithin(kStoreReplyLimit, [waker = state_->waker, rank = state_->rank] {
+        waker->set(WakeKey(rank), Bytes("1"));
+      })) {
+    state_->thread.detach();
+    return;
+  }
   auto finished = std::make_shared<std::promise<void>>();
   std::future<void> joined = finished->get_future();
   std::thread joiner([thread = std::move(state_->thread), finished]() mutable {
@@ -116,8 +175,13 @@ std::string LostReport::seen() const {
   return state_->seen;
 }
 
-void LostReport::Publish(::c10d::Store& store, const std::string& report) {
-  store.set(kReportKey, std::vector<uint8_t>(report.begin(), report.end()));
+void LostReport::Publish(::c10d::Store& store, const std::string& report, int world) {
+  // The first report stands: the ranks that diagnose one failure at once
+  // wake the world once, not once each.
+  if (store.compareSet(kReportKey, {}, Bytes(report)) != Bytes(report)) return;
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(WakeKey(r));
+  store.multiSet(keys, std::vector<std::vector<uint8_t>>(keys.size(), Bytes("1")));
 }
 
 std::string PeerCheck::Describe(const std::string& failure) const {
@@ -144,26 +208,56 @@ std::string PeerCheck::Describe(const std::string& failure) const {
     const int world_rank = check.world_rank;
     const auto& report = check.report;
     std::vector<int> missing, running;
-    store->set(AliveKey(world_rank), std::vector<uint8_t>{'1'});
-    std::vector<int64_t> beats;
-    for (int r : group_ranks) beats.push_back(report ? store->add(LostReport::HeartbeatKey(r), 0) : 0);
-    const auto deadline = std::chrono::steady_clock::now() + check.wait;
+    store->append(kAliveList, Bytes(std::to_string(world_rank) + "\n"));
+    store->add(kAliveCount, 1);
+    std::vector<int> others;
+    for (int r : group_ranks) {
+      if (r != world_rank) others.push_back(r);
+    }
+    // One small request a poll; the list (a few bytes a rank) is read when
+    // the count has changed and is large enough for all `others` to be in
+    // it, halfway (when the watchers of those not in it are woken to beat;
+    // `beats`: their count before) and at the deadline.
+    const auto start = std::chrono::steady_clock::now();
+    const auto halfway = start + check.wait / 2, deadline = start + check.wait;
+    std::vector<std::pair<int, int64_t>> beats;
+    bool woken = false;
+    int64_t count_read = -1;
     while (true) {
-      missing.clear();
-      for (int r : group_ranks) {
-        if (r != world_rank && !store->check({AliveKey(r)})) missing.push_back(r);
+      const int64_t count = store->add(kAliveCount, 0);
+      if (count != count_read && count >= static_cast<int64_t>(others.size())) {
+        count_read = count;
+        missing = NotAnswered(store->get(kAliveList), others);
+        if (missing.empty()) break;
       }
-      if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (report && !woken && now >= halfway) {
+        woken = true;
+        std::vector<std::string> wake;
+        for (int r : NotAnswered(store->get(kAliveList), others)) {
+          beats.emplace_back(r, store->add(LostReport::HeartbeatKey(r), 0));
+          wake.push_back(LostReport::WakeKey(r));
+        }
+        if (!wake.empty()) {
+          store->multiSet(wake, std::vector<std::vector<uint8_t>>(wake.size(), Bytes("1")));
+        }
+      }
+      if (now >= deadline) {
+        missing = NotAnswered(store->get(kAliveList), others);
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    // Of those that did not answer, the ones whose heartbeat went on are
-    // still running (blocked in a collective with a lost peer, say).
+    // Of those that did not answer, the ones whose watcher beat when woken
+    // are still running (blocked in a collective with a lost peer, say).
     if (report) {
       std::vector<int> lost;
       for (int r : missing) {
-        size_t i = 0;
-        while (group_ranks[i] != r) ++i;
-        (store->add(LostReport::HeartbeatKey(r), 0) > beats[i] ? running : lost).push_back(r);
+        bool beat = false;
+        for (const auto& [woken_rank, before] : beats) {
+          if (woken_rank == r) beat = store->add(LostReport::HeartbeatKey(r), 0) > before;
+        }
+        (beat ? running : lost).push_back(r);
       }
       missing = lost;
     }
@@ -205,8 +299,8 @@ std::string PeerCheck::Describe(const std::string& failure) const {
       failure.size() > kMaxCause ? failure.substr(0, kMaxCause) + "..." : failure;
   const std::string published =
       "rank " + std::to_string(world_rank) + " (" + cause + ") found " + s.str();
-  if (!store_unanswered && RunWithin(kStoreReplyLimit, [store = store, published] {
-        LostReport::Publish(*store, published);
+  if (!store_unanswered && RunWithin(kStoreReplyLimit, [store = store, published, world = hosts.size()] {
+        LostReport::Publish(*store, published, static_cast<int>(world));
       })) {
     // Long enough for every watcher to read it: this rank may serve the
     // store and exit next.

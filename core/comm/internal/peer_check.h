@@ -24,21 +24,38 @@ namespace internal {
 // published in the store, and a watcher that keeps a copy of it: a rank
 // whose collective fails only because a diagnosing rank exited (taking the
 // store with it, when it was rank 0) still names the rank that was lost.
+//
+// The watcher beats (counts this rank's heartbeat up) and reads the report.
+// Over a TCPStore it does so when woken, not on a clock: a diagnosis wakes
+// the ranks that did not answer it, to tell the running from the lost, and
+// the report's publisher wakes every rank. Idle, each rank then makes 3
+// store requests per `period` (its wait for a wake times out and is
+// renewed): the store's load from liveness is world size x 3 / `period`
+// per second, which World bounds by lengthening `period` with the world
+// size. Over a FileStore (no `waker`) it beats every `period`.
 class LostReport {
  public:
-  // Starts a thread that, every `period` until destroyed, counts this
-  // rank's heartbeat up in `store` (its own client connection) and reads
-  // the report.
+  // Starts the watcher on `store` (its own client connection when woken by
+  // the store: it is blocked in a wait most of the time). With a `waker`
+  // (another connection to the store), the watcher waits for wakes and the
+  // destructor wakes it through `waker`; without, it beats every `period`.
+  // The destructor returns within about 5 s even where the store no longer
+  // answers.
   LostReport(c10::intrusive_ptr<::c10d::Store> store, int rank,
-             std::chrono::milliseconds period);
+             std::chrono::milliseconds period,
+             c10::intrusive_ptr<::c10d::Store> waker = nullptr);
   static std::string HeartbeatKey(int rank);
+  // The key whose setting wakes `rank`'s watcher.
+  static std::string WakeKey(int rank);
   ~LostReport();
   LostReport(const LostReport&) = delete;
   LostReport& operator=(const LostReport&) = delete;
 
   // The last report seen ("" if none).
   std::string seen() const;
-  static void Publish(::c10d::Store& store, const std::string& report);
+  // Publishes `report` unless one was published before, and wakes the
+  // watchers of ranks 0 .. world - 1 to read it (one request for all).
+  static void Publish(::c10d::Store& store, const std::string& report, int world);
 
  private:
   struct State;
@@ -54,9 +71,10 @@ struct PeerCheck {
   std::shared_ptr<LostReport> report;       // may be null
 
   // Marks this rank alive, waits up to `wait` for the group's other ranks
-  // to do the same, and describes the result for an error message: a rank
-  // that did not answer and whose heartbeat stopped is lost ("lost: rank 3
-  // (host 'node1') ..."), one whose heartbeat goes on is still running, or
+  // to do the same (halfway through, it wakes the watchers of those that
+  // have not), and describes the result for an error message: a rank that
+  // did not answer and whose watcher did not beat is lost ("lost: rank 3
+  // (host 'node1') ..."), one whose watcher beat is still running, or
   // "every rank of the group is still alive" or, when the store itself is
   // gone, what that means and what another rank reported before. Publishes
   // what it finds, with `failure` (what failed on this rank, e.g.
@@ -64,7 +82,10 @@ struct PeerCheck {
   // this one exit learns the cause as well. Never throws, and returns
   // within about `wait` + 5 s even where the store no longer answers (a
   // host cut off from rank 0's: LibTorch 2.x's store client would wait for
-  // its reply forever).
+  // its reply forever). Its store requests do not grow with the group's
+  // size: about `wait` / 100 ms polls of a counter, reads of the list of
+  // those that answered (a few bytes a rank) when the counter says that all
+  // may have, halfway and at the end, and two per rank that did not answer.
   std::string Describe(const std::string& failure) const;
 };
 
