@@ -70,6 +70,47 @@ TEST(PeerCheck, ALongFailureIsCutShort) {
   EXPECT_NE(seen.find("xxx...) found"), std::string::npos) << seen;
 }
 
+// Over a TCPStore the watcher waits to be woken instead of beating on a
+// clock. Its wait is renewed every `period` (the client cancels it and
+// waits again on the same connection): after several renewals the watcher
+// still beats when woken and reads a report published then, and it stops
+// when destroyed.
+TEST(PeerCheck, AWatcherWokenThroughATcpStoreOutlivesItsRenewals) {
+  ::c10d::TCPStoreOptions o;
+  o.port = 0;
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::seconds(30);
+  auto server = c10::make_intrusive<::c10d::TCPStore>("127.0.0.1", o);
+  o.isServer = false;
+  o.port = server->getPort();
+  auto watch = c10::make_intrusive<::c10d::TCPStore>("127.0.0.1", o);
+  auto beats = [&] { return server->add(LostReport::HeartbeatKey(1), 0); };
+  std::string seen;
+  {
+    LostReport watcher(watch, 1, std::chrono::milliseconds(50), server);
+    // Each renewal beats once: wait for three of them.
+    for (int i = 0; i < 1000 && beats() < 4; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_GE(beats(), 4) << "the watcher's wait was not renewed";
+    EXPECT_EQ(watcher.seen(), "");
+    LostReport::Publish(*server, "rank 0 (all_gather: timed out) found lost: rank 2", 3);
+    for (int i = 0; i < 1000 && seen.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      seen = watcher.seen();
+    }
+  }
+  EXPECT_EQ(seen, "rank 0 (all_gather: timed out) found lost: rank 2");
+  // A second report does not replace the first.
+  LostReport::Publish(*server, "rank 1 (other) found nothing", 3);
+  LostReport late(server, 1, std::chrono::milliseconds(20));  // on a clock
+  for (int i = 0; i < 200 && late.seen().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(late.seen(), seen);
+}
+
 }  // namespace
 }  // namespace internal
 }  // namespace comm
