@@ -7,6 +7,7 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -218,6 +219,7 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
   }
   const std::string kind = internal::OptimizerKind(optimizer);
   std::string error;
+  std::map<std::string, at::Tensor> kept;  // rank 0's rows, from its check
   if (world.rank() == 0) {
     try {
       SafetensorsFile f(path);
@@ -253,7 +255,16 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
                                    "', which the model does not have");
         }
       }
-      f.load_each([](const std::string&, const at::Tensor&) {});  // verifies every checksum
+      // Every checksum, in one pass; rank 0's own rows of each tensor are
+      // kept, so that it does not read them again.
+      f.load_each([&](const std::string& name, const at::Tensor& full) {
+        const std::string param =
+            name.rfind(kOptimPrefix, 0) == 0 ? name.substr(name.find('/', 6) + 1) : name;
+        const internal::ParamLayout& l = *layout_of.at(param);
+        if (full.sizes().vec() != l.full_shape) return;  // the error comes below
+        at::Tensor local = internal::LocalOfFull(l, full);
+        kept[name] = local.numel() == full.numel() ? local : local.clone();
+      });
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -263,6 +274,8 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
   SafetensorsFile f(path);
   // This rank's rows of a tensor (a 0-d parameter is one row of one element).
   auto rows = [&](const std::string& name, const fsdp::ShardInfo& s) {
+    auto mine = kept.find(name);
+    if (mine != kept.end()) return mine->second;
     const internal::ParamLayout& l = *layout_of.at(s.name);
     if (l.tp) return internal::LocalOfFull(l, f.load(name));  // TP: this rank's block
     at::Tensor local = s.global_shape.empty()
