@@ -9,8 +9,8 @@
 // its heartbeat and checks for a report every second) and now (watchers
 // woken through the store, internal/peer_check.h), the server's request
 // rate while idle, measured over --window-s and as designed (2 a rank a
-// second before; 3 a rank per renewal of the wait now, every minute and
-// every minute more per 512 ranks).
+// second before; 3 a rank per renewal of the wait now, once a day:
+// LostReport::kWokenRenewal).
 //
 // Requests are counted on the client side: every simulated rank's store is
 // wrapped in a CountingStore that adds one per call (a multi-key call is
@@ -231,7 +231,7 @@ double HeartbeatRateBefore(Cluster& c, std::chrono::milliseconds window) {
 // at the server over `window`, once all have started.
 double HeartbeatRateNow(Cluster& c, std::chrono::milliseconds window) {
   const int n = static_cast<int>(c.clients.size());
-  const auto period = std::chrono::minutes(1) * ((n + 511) / 512);
+  const auto period = comm::internal::LostReport::kWokenRenewal;
   std::vector<std::unique_ptr<comm::internal::LostReport>> watchers;
   for (int r = 0; r < n; ++r) {
     watchers.push_back(std::make_unique<comm::internal::LostReport>(
@@ -306,8 +306,10 @@ int Run(const std::vector<int64_t>& ranks, const std::string& protocol, double b
       const double beats = HeartbeatRateNow(c, window);
       char exchange[32];
       std::snprintf(exchange, sizeof(exchange), "%.3f s", s);
-      std::printf("%6d  %-8s %26s %10lld %9.1f %15.1f %15.1f\n", n, "now", exchange,
-                  static_cast<long long>(requests), mib, beats, 3.0 * n / (60.0 * ((n + 511) / 512)));
+      const double renewal_s =
+          std::chrono::duration<double>(comm::internal::LostReport::kWokenRenewal).count();
+      std::printf("%6d  %-8s %26s %10lld %9.1f %15.1f %15.3f\n", n, "now", exchange,
+                  static_cast<long long>(requests), mib, beats, 3.0 * n / renewal_s);
     }
     std::fflush(stdout);
   }

@@ -164,12 +164,9 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
         watch_store = c10::make_intrusive<::c10d::TCPStore>(options.master_addr, tcp);
       }
       if (options.store_path.empty()) {
-        // Woken through the world's store, its wait renewed every minute,
-        // less often beyond 512 ranks: at most about 26 requests a second
-        // from all the watchers together, whatever the world size.
-        const auto period = std::chrono::minutes(1) * ((world_size + 511) / 512);
+        // Woken through the world's store; its wait is renewed once a day.
         impl->lost_report = std::make_shared<internal::LostReport>(
-            watch_store, rank, period, impl->store);
+            watch_store, rank, internal::LostReport::kWokenRenewal, impl->store);
       } else {
         impl->lost_report = std::make_shared<internal::LostReport>(
             watch_store, rank, std::chrono::seconds(1));

@@ -45,6 +45,12 @@ class LostReport {
              std::chrono::milliseconds period,
              c10::intrusive_ptr<::c10d::Store> waker = nullptr);
   static std::string HeartbeatKey(int rank);
+  // The `period` World gives a watcher woken through a TCPStore. A day:
+  // LibTorch's client logs a warning each time a wait times out (every
+  // rank, every renewal), and nothing needs the renewal sooner (a diagnosis
+  // and a report wake the watchers; a store that goes away ends the wait).
+  // Idle, 3 requests a rank a day.
+  static constexpr std::chrono::milliseconds kWokenRenewal = std::chrono::hours(24);
   // The key whose setting wakes `rank`'s watcher.
   static std::string WakeKey(int rank);
   ~LostReport();
