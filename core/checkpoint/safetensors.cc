@@ -219,14 +219,29 @@ void SafetensorsStreamWriter::commit() {
   PublishFile(fd, tmp_, path_);
 }
 
+SafetensorsFile::Identity SafetensorsFile::IdentityOf(int fd) {
+  struct stat st {};
+  Identity id;
+  if (fstat(fd, &st) != 0) return id;
+  id.dev = static_cast<uint64_t>(st.st_dev);
+  id.ino = static_cast<uint64_t>(st.st_ino);
+  id.size = static_cast<uint64_t>(st.st_size);
+  id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return id;
+}
+
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   struct stat st {};
   if (stat(path_.c_str(), &st) != 0) Fail(path_, "no such file");
   if (S_ISDIR(st.st_mode)) Fail(path_, "is a directory, expected a safetensors file");
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) Fail(path_, "truncated: " + std::to_string(size) + " bytes, no header");
   int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) Fail(path_, std::string("cannot open: ") + std::strerror(errno));
+  identity_ = IdentityOf(fd);
+  const uint64_t size = identity_.size;
+  if (size < 8) {
+    close(fd);
+    Fail(path_, "truncated: " + std::to_string(size) + " bytes, no header");
+  }
   unsigned char len[8];
   uint64_t n = 0;
   if (pread(fd, len, 8, 0) != 8) {
@@ -306,16 +321,22 @@ const TensorInfo& SafetensorsFile::info(const std::string& name) const {
 
 namespace internal {
 
-// Reads byte ranges of one open file in order, keeping the disk a window
-// ahead of the reader: the kernel fetches the next bytes while this thread
-// copies and checksums the current ones, across tensor boundaries too.
+// Reads byte ranges of one open file, checksumming them as they land. The
+// kernel reads ahead of a sequential reader on its own: asking it for more
+// (POSIX_FADV_WILLNEED windows) was measured slower, as it fills the page
+// cache in the reading thread's own time.
 class StreamReader {
  public:
-  // Reads of `path` that all end at or before byte `end` (the read-ahead
-  // never asks for more).
-  StreamReader(const std::string& path, uint64_t end) : path_(path), end_(end) {
-    fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) Fail(path, std::string("cannot open: ") + std::strerror(errno));
+  // Opens `file`, failing where it is no longer the file whose header was
+  // read.
+  explicit StreamReader(const SafetensorsFile& file) : path_(file.path()) {
+    fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) Fail(path_, std::string("cannot open: ") + std::strerror(errno));
+    if (!(SafetensorsFile::IdentityOf(fd_) == file.identity_)) {
+      close(fd_);
+      Fail(path_, "changed while it was being loaded (replaced or rewritten since its "
+                  "header was read)");
+    }
     posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
   }
   ~StreamReader() { close(fd_); }
@@ -323,39 +344,36 @@ class StreamReader {
   StreamReader& operator=(const StreamReader&) = delete;
 
   // Fills `out` with bytes [offset, offset + bytes) and returns their CRC-32
-  // when `checksum`, else 0.
+  // when `checksum`, else 0. With a null `out` the bytes are only
+  // checksummed, through one reused buffer.
   uint32_t Read(const std::string& name, uint64_t offset, uint64_t bytes, char* out,
                 bool checksum) {
     uint32_t crc = 0;
+    if (out == nullptr && scratch_.empty()) scratch_.resize(kChunkBytes);
     for (uint64_t done = 0; done < bytes;) {
       const uint64_t n = std::min<uint64_t>(kChunkBytes, bytes - done);
       const uint64_t at = offset + done;
-      const uint64_t want = std::min(end_, at + kWindowBytes);
-      if (ahead_ < want) {  // ask for the window beyond this piece
-        const uint64_t from = std::max(ahead_, at);
-        posix_fadvise(fd_, static_cast<off_t>(from), static_cast<off_t>(want - from),
-                      POSIX_FADV_WILLNEED);
-        ahead_ = want;
-      }
+      char* into = out != nullptr ? out + done : scratch_.data();
       for (uint64_t got_here = 0; got_here < n;) {
-        const ssize_t got = pread(fd_, out + done + got_here, n - got_here,
-                                  static_cast<off_t>(at + got_here));
+        const ssize_t got =
+            pread(fd_, into + got_here, n - got_here, static_cast<off_t>(at + got_here));
         if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) Fail(path_, "short read of tensor '" + name + "': the file is truncated");
+        if (got < 0) {
+          Fail(path_, "cannot read tensor '" + name + "': " + std::strerror(errno));
+        }
+        if (got == 0) Fail(path_, "short read of tensor '" + name + "': the file is truncated");
         got_here += static_cast<uint64_t>(got);
       }
-      if (checksum) crc = Crc32(out + done, n, crc);
+      if (checksum) crc = Crc32(into, n, crc);
       done += n;
     }
     return crc;
   }
 
  private:
-  static constexpr uint64_t kWindowBytes = 64 << 20;
   std::string path_;
-  uint64_t end_;
   int fd_ = -1;
-  uint64_t ahead_ = 0;  // bytes below this have been asked for
+  std::vector<char> scratch_;
 };
 
 }  // namespace internal
@@ -376,26 +394,36 @@ at::Tensor SafetensorsFile::read(internal::StreamReader& reader, const std::stri
 
 at::Tensor SafetensorsFile::load(const std::string& name) const {
   const TensorInfo& i = info(name);
-  internal::StreamReader reader(path_, data_start_ + i.end);
+  internal::StreamReader reader(*this);
   return read(reader, name, i.begin, i.end - i.begin, i.shape, /*verify=*/true);
 }
 
 void SafetensorsFile::load_each(
-    const std::function<void(const std::string&, at::Tensor)>& visit) const {
+    const std::function<void(const std::string&, at::Tensor)>& visit,
+    const std::function<bool(const std::string&)>& keep) const {
   std::vector<std::pair<uint64_t, std::string>> in_file_order;
   for (const auto& [name, i] : tensors_) in_file_order.emplace_back(i.begin, name);
   std::sort(in_file_order.begin(), in_file_order.end());
-  uint64_t end = data_start_;
-  for (const auto& item : tensors_) end = std::max(end, data_start_ + item.second.end);
-  internal::StreamReader reader(path_, end);
+  internal::StreamReader reader(*this);
   for (const auto& [begin, name] : in_file_order) {
     const TensorInfo& i = tensors_.at(name);
-    visit(name, read(reader, name, i.begin, i.end - i.begin, i.shape, /*verify=*/true));
+    if (!keep || keep(name)) {
+      visit(name, read(reader, name, i.begin, i.end - i.begin, i.shape, /*verify=*/true));
+      continue;
+    }
+    auto crc = metadata_.find("fsdp2.crc32." + name);
+    if (crc == metadata_.end()) continue;  // nothing to check
+    const uint32_t sum = reader.Read(name, data_start_ + i.begin, i.end - i.begin,
+                                     /*out=*/nullptr, /*checksum=*/true);
+    if (crc->second != Hex(sum)) {
+      Fail(path_, "checksum mismatch for tensor '" + name + "': the file is corrupted");
+    }
   }
 }
 
-at::Tensor SafetensorsFile::load_rows(const std::string& name, int64_t row_start,
-                                      int64_t rows) const {
+std::pair<uint64_t, uint64_t> SafetensorsFile::row_range(const std::string& name,
+                                                         int64_t row_start,
+                                                         int64_t rows) const {
   const TensorInfo& i = info(name);
   if (i.shape.empty()) Fail(path_, "tensor '" + name + "' is 0-d: it has no rows");
   if (row_start < 0 || rows < 0 || row_start + rows > i.shape[0]) {
@@ -404,12 +432,34 @@ at::Tensor SafetensorsFile::load_rows(const std::string& name, int64_t row_start
                     "' of " + std::to_string(i.shape[0]) + " rows");
   }
   const uint64_t row_bytes = i.shape[0] == 0 ? 0 : (i.end - i.begin) / i.shape[0];
-  std::vector<int64_t> shape = i.shape;
-  shape[0] = rows;
-  const uint64_t begin = i.begin + row_start * row_bytes;
-  internal::StreamReader reader(path_, data_start_ + begin + rows * row_bytes);
-  return read(reader, name, begin, rows * row_bytes, shape, /*verify=*/false);
+  return {i.begin + row_start * row_bytes, rows * row_bytes};
 }
+
+at::Tensor SafetensorsFile::load_rows(const std::string& name, int64_t row_start,
+                                      int64_t rows) const {
+  const auto [begin, bytes] = row_range(name, row_start, rows);
+  std::vector<int64_t> shape = info(name).shape;
+  shape[0] = rows;
+  internal::StreamReader reader(*this);
+  return read(reader, name, begin, bytes, shape, /*verify=*/false);
+}
+
+void SafetensorsFile::load_rows_into(const std::string& name, int64_t row_start, int64_t rows,
+                                     const at::Tensor& out) const {
+  const auto [begin, bytes] = row_range(name, row_start, rows);
+  if (!out.device().is_cpu() || !out.is_contiguous() || out.scalar_type() != info(name).dtype ||
+      static_cast<uint64_t>(out.nbytes()) != bytes) {
+    Fail(path_, "rows of tensor '" + name + "' cannot be read into a " +
+                    c10::toString(out.scalar_type()) + " tensor of " +
+                    std::to_string(out.nbytes()) + " bytes");
+  }
+  if (bytes == 0) return;
+  internal::StreamReader reader(*this);
+  reader.Read(name, data_start_ + begin, bytes, static_cast<char*>(out.data_ptr()),
+              /*checksum=*/false);
+}
+
+void SafetensorsFile::check_unchanged() const { internal::StreamReader reader(*this); }
 
 }  // namespace checkpoint
 }  // namespace fsdp2

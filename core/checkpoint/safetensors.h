@@ -90,23 +90,49 @@ class SafetensorsFile {
 
   // The whole tensor, checksum verified when the file carries one.
   at::Tensor load(const std::string& name) const;
-  // Every tensor, checksums verified, in the order of the file, to `visit`:
-  // one sequential pass with the disk reading ahead, the fastest way to
-  // check (and keep) a whole file. Stops at the first error (thrown).
-  void load_each(const std::function<void(const std::string&, at::Tensor)>& visit) const;
+  // Every tensor's checksum verified, in the order of the file, in one
+  // sequential pass: the fastest way to check a whole file. The tensors
+  // `keep` accepts (all, without it) go to `visit`; the others are only
+  // checked, through one small buffer, so that checking costs no memory.
+  // Stops at the first error (thrown).
+  void load_each(const std::function<void(const std::string&, at::Tensor)>& visit,
+                 const std::function<bool(const std::string&)>& keep = nullptr) const;
   // Rows [row_start, row_start + rows) along dim 0, reading only their bytes
   // (no checksum: it covers the whole tensor).
   at::Tensor load_rows(const std::string& name, int64_t row_start,
                        int64_t rows) const;
+  // The same rows read straight into `out`: contiguous CPU memory of the
+  // tensor's dtype holding exactly those rows.
+  void load_rows_into(const std::string& name, int64_t row_start, int64_t rows,
+                      const at::Tensor& out) const;
+  // Fails (naming the file) where the file on disk is no longer the one
+  // whose header was read: replaced, rewritten or truncated since.
+  void check_unchanged() const;
 
  private:
+  // Which file this is (device, inode, size, modification time): every read
+  // checks that it reads the file whose header it parsed.
+  struct Identity {
+    uint64_t dev = 0, ino = 0, size = 0;
+    int64_t mtime_ns = 0;
+    bool operator==(const Identity& o) const {
+      return dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns;
+    }
+  };
+  friend class internal::StreamReader;
+  static Identity IdentityOf(int fd);
+
   // Reads bytes [begin, begin + bytes) of the data section as a tensor of
   // `name`'s dtype; with `verify`, checks the tensor's CRC-32 (where the
   // file has one) as the bytes come in.
   at::Tensor read(internal::StreamReader& reader, const std::string& name, uint64_t begin,
                   uint64_t bytes, std::vector<int64_t> shape, bool verify) const;
+  // Byte range of rows [row_start, row_start + rows) of `name`, checked.
+  std::pair<uint64_t, uint64_t> row_range(const std::string& name, int64_t row_start,
+                                          int64_t rows) const;
 
   std::string path_;
+  Identity identity_;
   uint64_t data_start_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;

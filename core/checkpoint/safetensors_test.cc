@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <string>
+#include <vector>
 
 namespace fsdp2 {
 namespace checkpoint {
@@ -64,6 +66,62 @@ TEST(Safetensors, LoadsRowRangesOnly) {
   EXPECT_EQ(f.load_rows("w", 5, 0).size(0), 0);
   ExpectError([&] { f.load_rows("w", 4, 2); }, "outside tensor 'w'");
   ExpectError([&] { f.load("nope"); }, "no tensor named 'nope'");
+}
+
+TEST(Safetensors, LoadsRowsIntoGivenMemory) {
+  const auto path = Tmp("rows_into.safetensors");
+  at::Tensor w = at::arange(20, at::kFloat).view({5, 4});
+  WriteSafetensors(path, {{"w", w}});
+  SafetensorsFile f(path);
+  at::Tensor out = at::full({4, 4}, -1.0f);
+  f.load_rows_into("w", 2, 3, out.narrow(0, 1, 3));
+  EXPECT_TRUE(out.narrow(0, 1, 3).equal(w.narrow(0, 2, 3)));
+  EXPECT_TRUE(out[0].equal(at::full({4}, -1.0f)));  // nothing outside the rows
+  f.load_rows_into("w", 5, 0, out.narrow(0, 0, 0));
+  ExpectError([&] { f.load_rows_into("w", 0, 2, at::empty({2, 4}, at::kDouble)); },
+              "cannot be read into a Double tensor");
+  ExpectError([&] { f.load_rows_into("w", 0, 2, at::empty({3, 4})); }, "of 48 bytes");
+  ExpectError([&] { f.load_rows_into("w", 0, 2, at::empty({4, 2}).t()); }, "cannot be read");
+  ExpectError([&] { f.load_rows_into("w", 4, 2, at::empty({2, 4})); }, "outside tensor 'w'");
+}
+
+TEST(Safetensors, LoadEachChecksEveryTensorAndKeepsOnlyThoseAsked) {
+  const auto path = Tmp("each.safetensors");
+  at::Tensor big = at::arange(3 << 20, at::kFloat);  // 12 MiB: more than one read
+  WriteSafetensors(path, {{"w", at::arange(12, at::kFloat)}, {"big", big}});
+  std::vector<std::string> seen;
+  SafetensorsFile(path).load_each(
+      [&](const std::string& name, at::Tensor t) {
+        seen.push_back(name);
+        EXPECT_TRUE(t.equal(at::arange(12, at::kFloat)));
+      },
+      [](const std::string& name) { return name == "w"; });
+  EXPECT_EQ(seen, std::vector<std::string>{"w"});
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-(1 << 20), std::ios::end);  // inside "big", which is not kept
+    const char was = static_cast<char>(f.get());
+    f.seekp(-(1 << 20), std::ios::end);
+    f.put(static_cast<char>(~was));
+  }
+  ExpectError(
+      [&] {
+        SafetensorsFile(path).load_each([](const std::string&, at::Tensor) {},
+                                        [](const std::string& name) { return name == "w"; });
+      },
+      "checksum mismatch for tensor 'big'");
+}
+
+TEST(Safetensors, AFileReplacedAfterItsHeaderWasReadIsAnError) {
+  const auto path = Tmp("replaced.safetensors");
+  WriteSafetensors(path, {{"w", at::arange(12, at::kFloat)}});
+  SafetensorsFile f(path);
+  f.check_unchanged();
+  WriteSafetensors(path, {{"w", at::arange(12, at::kFloat) * 2}});  // a new file, renamed in
+  ExpectError([&] { f.check_unchanged(); }, "changed while it was being loaded");
+  ExpectError([&] { f.load("w"); }, "changed while it was being loaded");
+  ExpectError([&] { f.load_rows("w", 0, 1); }, "changed while it was being loaded");
+  EXPECT_TRUE(SafetensorsFile(path).load("w").equal(at::arange(12, at::kFloat) * 2));
 }
 
 TEST(Safetensors, CorruptedDataFailsTheChecksum) {

@@ -250,16 +250,20 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
   }
   // Every tensor's checksum is verified once, whatever the loading world
   // size: rank r checks the files r, r + M, ... whole. All ranks learn of a
-  // failure before anything is written. What a rank checked of a file it
-  // also reads rows from is kept (on the world size it was saved on, rank
-  // r's rows are file r's), so those bytes come from the disk once.
+  // failure before anything is written. What a rank checked of the optimizer
+  // state in a file it also reads rows from is kept (on the world size it
+  // was saved on, rank r's rows are file r's), so those bytes come from the
+  // disk once. The model's rows are only checked here and read once more at
+  // the end, straight into the parameters: by then they are in the page
+  // cache, and the parameters' memory is already there, where a kept copy
+  // would be fresh memory, faulted in page by page, and a copy more.
   std::string corrupt;
   std::map<std::pair<size_t, std::string>, at::Tensor> checked;
   for (size_t i = world.rank(); i < files.size() && corrupt.empty(); i += world.size()) {
     try {
-      files[i]->load_each([&](const std::string& name, at::Tensor t) {
-        if (reads_from[i]) checked[{i, name}] = std::move(t);
-      });
+      files[i]->load_each(
+          [&](const std::string& name, at::Tensor t) { checked[{i, name}] = std::move(t); },
+          [&](const std::string& name) { return reads_from[i] && name.rfind("model/", 0) != 0; });
     } catch (const std::exception& e) {
       corrupt = e.what();
     }
@@ -272,42 +276,58 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
                                              : corrupt);
   }
   // Everything is read and checked before anything is written.
+  // Which rows of which files make rows [row_start, row_start + rows) of a
+  // full tensor: every piece checked to have rows of the model's width, and
+  // every row covered.
+  struct Segment {
+    const Piece* piece;
+    int64_t lo, hi;  // rows of the full tensor
+  };
+  auto plan_rows = [&](const std::string& key, int64_t row_start, int64_t rows,
+                       const std::vector<int64_t>& full_shape) {
+    const int64_t width = RowNumel(full_shape);
+    std::vector<Segment> plan;
+    int64_t covered = 0;
+    for (const auto& piece : pieces[key]) {
+      const int64_t lo = std::max(row_start, piece.row_start);
+      const int64_t hi = std::min(row_start + rows, piece.row_start + piece.rows);
+      if (lo >= hi) continue;
+      int64_t numel = 1;
+      for (int64_t d : piece.file->info(key).shape) numel *= d;
+      if (numel != piece.rows * width) {
+        throw IoError(piece.file->path() + ": '" + key + "' has rows of " +
+                      std::to_string(numel / std::max<int64_t>(1, piece.rows)) +
+                      " elements, the model's have " + std::to_string(width));
+      }
+      plan.push_back({&piece, lo, hi});
+      covered += hi - lo;
+    }
+    if (covered != rows) {
+      throw IoError(dir + ": rows of '" + key + "' are missing from the shard files");
+    }
+    return plan;
+  };
   // Rows [row_start, row_start + rows) of a full tensor, as [rows, width].
   auto read_rows = [&](const std::string& key, int64_t row_start, int64_t rows,
                        const std::vector<int64_t>& full_shape,
                        const at::TensorOptions& options) -> at::Tensor {
     const int64_t width = RowNumel(full_shape);
     at::Tensor out;
-    int64_t covered = 0;
-    for (const auto& piece : pieces[key]) {
-      const int64_t lo = std::max(row_start, piece.row_start);
-      const int64_t hi = std::min(row_start + rows, piece.row_start + piece.rows);
-      if (lo >= hi) continue;
-      auto kept = checked.find({piece.file_index, key});
+    for (const auto& [piece, lo, hi] : plan_rows(key, row_start, rows, full_shape)) {
+      auto kept = checked.find({piece->file_index, key});
       at::Tensor part = kept != checked.end()
-                            ? kept->second
-                            : piece.file->load_rows(key, lo - piece.row_start, hi - lo);
-      const int64_t part_rows = kept != checked.end() ? piece.rows : hi - lo;
-      if (part.numel() != part_rows * width) {
-        throw IoError(piece.file->path() + ": '" + key + "' has rows of " +
-                                 std::to_string(part.numel() / std::max<int64_t>(1, part_rows)) +
-                                 " elements, the model's have " + std::to_string(width));
-      }
-      part = part.reshape({part_rows, width});
-      if (kept != checked.end()) part = part.narrow(0, lo - piece.row_start, hi - lo);
+                            ? kept->second.reshape({piece->rows, width})
+                                  .narrow(0, lo - piece->row_start, hi - lo)
+                            : piece->file->load_rows(key, lo - piece->row_start, hi - lo)
+                                  .reshape({hi - lo, width});
       // A whole piece that is all of the rows, as the model wants them: no
       // copy (and no larger tensor kept alive behind a view of part of it).
-      if (hi - lo == rows && part.numel() == part_rows * width &&
-          lo == piece.row_start && hi == piece.row_start + piece.rows &&
+      if (hi - lo == rows && lo == piece->row_start && hi == piece->row_start + piece->rows &&
           part.scalar_type() == options.dtype() && options.device().is_cpu()) {
         return part;
       }
       if (!out.defined()) out = at::empty({rows, width}, options);
       out.narrow(0, lo - row_start, hi - lo).copy_(part);
-      covered += hi - lo;
-    }
-    if (covered != rows) {
-      throw IoError(dir + ": rows of '" + key + "' are missing from the shard files");
     }
     return out.defined() ? out : at::empty({rows, width}, options);
   };
@@ -327,6 +347,13 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
         .view(s.shard.sizes());
   };
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  // Parameters whose rows are read from the files straight into them.
+  struct DirectRead {
+    const fsdp::ShardInfo* shard;
+    std::string key;
+    std::vector<Segment> plan;
+  };
+  std::vector<DirectRead> reads;
   std::vector<std::pair<const fsdp::ShardInfo*, ParamState>> states;
   for (size_t i = 0; i < shards.size(); ++i) {
     const auto& s = shards[i];
@@ -344,7 +371,19 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
       throw IoError(dir + ": parameter '" + s.name + "' is " + dtype +
                                " but the model's is " + c10::toString(s.shard.scalar_type()));
     }
-    copies.emplace_back(s.shard, assemble("model/" + s.name, i));
+    const std::string model_key = "model/" + s.name;
+    const auto& l = layouts[i];
+    bool direct = !l.tp && !l.full_shape.empty() && s.shard.device().is_cpu() &&
+                  s.shard.is_contiguous() &&
+                  s.shard.numel() == s.local_rows * RowNumel(l.full_shape);
+    if (direct) {
+      auto plan = plan_rows(model_key, s.row_start, s.local_rows, l.full_shape);
+      for (const auto& segment : plan) {
+        direct = direct && segment.piece->file->info(model_key).dtype == s.shard.scalar_type();
+      }
+      if (direct) reads.push_back({&s, model_key, std::move(plan)});
+    }
+    if (!direct) copies.emplace_back(s.shard, assemble(model_key, i));
     if (optimizer == nullptr || !steps.count(s.name)) continue;
     ParamState st;
     st.step = steps[s.name];
@@ -373,9 +412,38 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
       internal::SetGroupOptions(*optimizer, kind, m["optimizer_groups"].dump(), dir);
     }
   }
+  // The files read below are the ones checked: fail before writing anything
+  // where one was replaced or rewritten meanwhile.
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (reads_from[i]) files[i]->check_unchanged();
+  }
+  std::string read_error;
   {
     at::NoGradGuard no_grad;
     for (auto& [target, value] : copies) target.copy_(value);
+    try {
+      for (const auto& r : reads) {
+        const auto& s = *r.shard;
+        if (s.local_rows == 0) continue;
+        at::Tensor rows = s.shard.view({s.local_rows, -1});
+        for (const auto& [piece, lo, hi] : r.plan) {
+          piece->file->load_rows_into(r.key, lo - piece->row_start, hi - lo,
+                                      rows.narrow(0, lo - s.row_start, hi - lo));
+        }
+      }
+    } catch (const std::exception& e) {
+      read_error = e.what();
+    }
+  }
+  // A read that fails here (the disk, or a file changed in place after its
+  // check) leaves parameters partly loaded, on this rank or another: every
+  // rank says so.
+  failed.fill_(read_error.empty() ? 0.0 : 1.0);
+  world.group()->all_reduce(failed, comm::ReduceOp::kMax).wait();
+  if (failed.item<double>() != 0) {
+    throw IoError((read_error.empty() ? dir + ": another rank could not read its rows"
+                                      : read_error) +
+                  "; the model's parameters are partly loaded: load a checkpoint again");
   }
   for (auto& [s, st] : states) SetState(*optimizer, kind, s->shard, st);
   world.group()->barrier().wait();
