@@ -202,6 +202,32 @@ PendingWrite StageFullCheckpoint(const std::string& dir, torch::nn::Module& root
   return SaveOrStage(dir, root, optimizer, world, progress, /*stage=*/true);
 }
 
+namespace {
+
+// The parameter a tensor of the file belongs to: "optim/<key>/<p>" or "<p>".
+std::string ParamOf(const std::string& name) {
+  return name.rfind(kOptimPrefix, 0) == 0 ? name.substr(name.find('/', 6) + 1) : name;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Whether a parameter's rows can be read from the file straight into its
+// memory (rank 0 has checked the file's shape and dtype against it): its
+// FSDP rows, contiguous, on the CPU; not a tensor-parallel block or 0-d.
+bool DirectRows(const internal::ParamLayout& l, const SafetensorsFile& f) {
+  const fsdp::ShardInfo& s = l.shard;
+  return !l.tp && !l.full_shape.empty() && s.shard.device().is_cpu() &&
+         s.shard.is_contiguous() && f.contains(s.name) &&
+         f.info(s.name).dtype == s.shard.scalar_type() && f.info(s.name).shape == l.full_shape &&
+         s.shard.numel() == s.local_rows * (Numel(l.full_shape) / l.full_shape[0]);
+}
+
+}  // namespace
+
 std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
                                                       torch::nn::Module& root,
                                                       torch::optim::Optimizer* optimizer,
@@ -255,16 +281,23 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
                                    "', which the model does not have");
         }
       }
-      // Every checksum, in one pass; rank 0's own rows of each tensor are
-      // kept, so that it does not read them again.
-      f.load_each([&](const std::string& name, const at::Tensor& full) {
-        const std::string param =
-            name.rfind(kOptimPrefix, 0) == 0 ? name.substr(name.find('/', 6) + 1) : name;
-        const internal::ParamLayout& l = *layout_of.at(param);
-        if (full.sizes().vec() != l.full_shape) return;  // the error comes below
-        at::Tensor local = internal::LocalOfFull(l, full);
-        kept[name] = local.numel() == full.numel() ? local : local.clone();
-      });
+      // Every checksum, in one pass. Where rank 0 holds all of a tensor's
+      // optimizer state it keeps what it checked, so that it does not read
+      // it again; everything else is only checked, through one small
+      // buffer, and read again below (from the page cache by then): rank 0's
+      // part of a sharded tensor, and parameters, which are read straight
+      // into their memory (see DirectRows).
+      f.load_each(
+          [&](const std::string& name, const at::Tensor& full) {
+            const internal::ParamLayout& l = *layout_of.at(ParamOf(name));
+            if (full.sizes().vec() != l.full_shape) return;  // the error comes below
+            kept[name] = full.view(l.shard.shard.sizes());
+          },
+          [&](const std::string& name) {
+            const internal::ParamLayout& l = *layout_of.at(ParamOf(name));
+            return name.rfind(kOptimPrefix, 0) == 0 && !l.tp &&
+                   l.shard.local_rows == l.shard.rows && l.shard.shard.numel() == Numel(l.full_shape);
+          });
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -284,9 +317,14 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
     return local.reshape(s.shard.sizes());
   };
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  std::vector<const fsdp::ShardInfo*> direct;  // read straight into the parameter
   std::vector<std::pair<const fsdp::ShardInfo*, internal::ParamState>> states;
   for (const auto& s : shards) {
-    copies.emplace_back(s.shard, rows(s.name, s));
+    if (DirectRows(*layout_of.at(s.name), f)) {
+      direct.push_back(&s);
+    } else {
+      copies.emplace_back(s.shard, rows(s.name, s));
+    }
     auto step = f.metadata().find("step/" + s.name);
     if (optimizer == nullptr || step == f.metadata().end()) continue;
     internal::ParamState st;
@@ -306,9 +344,31 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
       internal::SetGroupOptions(*optimizer, kind, groups->second, path);
     }
   }
+  // Fail before writing anything where the file is no longer the one whose
+  // header was read (and rank 0 checked).
+  f.check_unchanged();
+  std::string read_error;
   {
     at::NoGradGuard no_grad;
     for (auto& [target, value] : copies) target.copy_(value);
+    try {
+      for (const fsdp::ShardInfo* s : direct) {
+        if (s->local_rows == 0) continue;
+        f.load_rows_into(s->name, s->row_start, s->local_rows,
+                         s->shard.view({s->local_rows, -1}));
+      }
+    } catch (const std::exception& e) {
+      read_error = e.what();
+    }
+  }
+  // A read that fails here (the disk, or the file rewritten in place since
+  // rank 0 checked it) leaves parameters partly loaded: every rank says so.
+  at::Tensor failed = at::full({1}, read_error.empty() ? 0.0 : 1.0, at::kDouble);
+  world.group()->all_reduce(failed, comm::ReduceOp::kMax).wait();
+  if (failed.item<double>() != 0) {
+    throw IoError((read_error.empty() ? path + ": another rank could not read its rows"
+                                      : read_error) +
+                  "; the model's parameters are partly loaded: load a checkpoint again");
   }
   for (auto& [s, st] : states) internal::SetState(*optimizer, kind, s->shard, st);
   world.group()->barrier().wait();
