@@ -46,6 +46,11 @@ Results RunConfiguration(const std::string& self, int nproc, int threads,
   return results;
 }
 
+int ThreadsFromLauncher() {
+  const char* env = std::getenv("FSDP2_THREADS");
+  return env ? std::max(1, std::atoi(env)) : 1;
+}
+
 void WriteResult(const std::string& key, const std::string& value) {
   const char* path = std::getenv("FSDP2_BENCH_OUT");
   if (path == nullptr) return;

@@ -32,6 +32,10 @@ using Results = std::multimap<std::string, std::string>;
 Results RunConfiguration(const std::string& self, int nproc, int threads,
                          const std::vector<std::string>& args);
 
+// In a rank process: the threads the local launcher gave each rank
+// (FSDP2_THREADS; 1 where unset).
+int ThreadsFromLauncher();
+
 // In a rank process: appends "key value" to the results file (rank 0 only
 // calls it). No-op when FSDP2_BENCH_OUT is unset.
 void WriteResult(const std::string& key, const std::string& value);

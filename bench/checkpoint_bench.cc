@@ -195,11 +195,6 @@ std::string FilesystemOf(const std::string& dir) {
   }
 }
 
-int ThreadsFromLauncher() {
-  const char* env = std::getenv("FSDP2_THREADS");
-  return env ? std::max(1, std::atoi(env)) : 1;
-}
-
 int RunRank(flags::Flags& flags) {
   const std::string base = flags.String("dir", "", "the directory to write in");
   const int repeats = flags.Int("repeats", 3, "repeats");

@@ -198,7 +198,9 @@ double TimeExchange(Cluster& c, Exchange exchange) {
   go_cv.notify_all();
   for (auto& t : ranks) t.join();
   const double took = Seconds(Clock::now() - start);
-  if (wrong > 0) throw std::runtime_error(std::to_string(wrong.load()) + " ranks got a wrong table");
+  if (wrong > 0) {
+    throw std::runtime_error(std::to_string(wrong.load()) + " ranks got a wrong table");
+  }
   return took;
 }
 
@@ -299,7 +301,8 @@ int Run(const std::vector<int64_t>& ranks, const std::string& protocol, double b
       const int64_t r0 = c.requests, b0 = c.bytes_read;
       const double s = TimeExchange(c, [](::c10d::Store& store, int rank, int world,
                                           const std::string& identity) {
-        return comm::internal::ExchangeHosts(store, rank, world, identity, std::chrono::minutes(10));
+        return comm::internal::ExchangeHosts(store, rank, world, identity,
+                                             std::chrono::minutes(10));
       });
       const int64_t requests = c.requests - r0;
       const double mib = (c.bytes_read - b0) / 1048576.0;

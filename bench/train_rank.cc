@@ -33,11 +33,6 @@ double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-int ThreadsFromLauncher() {
-  const char* env = std::getenv("FSDP2_THREADS");
-  return env ? std::max(1, std::atoi(env)) : 1;
-}
-
 struct UnitRef {
   std::string name;
   std::shared_ptr<torch::nn::Module> module;  // a sharded module

@@ -296,7 +296,8 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
           [&](const std::string& name) {
             const internal::ParamLayout& l = *layout_of.at(ParamOf(name));
             return name.rfind(kOptimPrefix, 0) == 0 && !l.tp &&
-                   l.shard.local_rows == l.shard.rows && l.shard.shard.numel() == Numel(l.full_shape);
+                   l.shard.local_rows == l.shard.rows &&
+                   l.shard.shard.numel() == Numel(l.full_shape);
           });
     } catch (const std::exception& e) {
       error = e.what();

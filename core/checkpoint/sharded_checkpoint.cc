@@ -242,7 +242,9 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
   std::vector<bool> reads_from(files.size(), false);
   for (size_t i = 0; i < layouts.size(); ++i) {
     const auto [start, rows] = my_rows(i);
-    for (const auto& piece : pieces["model/" + layouts[i].shard.name]) {
+    auto of_param = pieces.find("model/" + layouts[i].shard.name);
+    if (of_param == pieces.end()) continue;  // the error comes below
+    for (const auto& piece : of_param->second) {
       if (std::max(start, piece.row_start) < std::min(start + rows, piece.row_start + piece.rows)) {
         reads_from[piece.file_index] = true;
       }

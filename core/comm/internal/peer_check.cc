@@ -202,7 +202,7 @@ std::string PeerCheck::Describe(const std::string& failure) const {
   // Once a request was left unanswered, its thread may still be inside the
   // store's client; no later diagnosis (another lane's) uses it again.
   static std::atomic<bool> store_unanswered{false};
-  const bool answered = !store_unanswered && RunWithin(wait + kStoreReplyLimit, [check = *this, found] {
+  auto diagnose = [check = *this, found] {
     const auto& store = check.store;
     const auto& group_ranks = check.group_ranks;
     const int world_rank = check.world_rank;
@@ -263,7 +263,8 @@ std::string PeerCheck::Describe(const std::string& failure) const {
     }
     found->missing = std::move(missing);
     found->running = std::move(running);
-  });
+  };
+  const bool answered = !store_unanswered && RunWithin(wait + kStoreReplyLimit, diagnose);
   if (answered) {
     missing = found->missing;
     running = found->running;
@@ -299,9 +300,10 @@ std::string PeerCheck::Describe(const std::string& failure) const {
       failure.size() > kMaxCause ? failure.substr(0, kMaxCause) + "..." : failure;
   const std::string published =
       "rank " + std::to_string(world_rank) + " (" + cause + ") found " + s.str();
-  if (!store_unanswered && RunWithin(kStoreReplyLimit, [store = store, published, world = hosts.size()] {
-        LostReport::Publish(*store, published, static_cast<int>(world));
-      })) {
+  auto publish = [store = store, published, world = hosts.size()] {
+    LostReport::Publish(*store, published, static_cast<int>(world));
+  };
+  if (!store_unanswered && RunWithin(kStoreReplyLimit, publish)) {
     // Long enough for every watcher to read it: this rank may serve the
     // store and exit next.
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
