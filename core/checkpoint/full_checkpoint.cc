@@ -246,9 +246,11 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
   const std::string kind = internal::OptimizerKind(optimizer);
   std::string error;
   std::map<std::string, at::Tensor> kept;  // rank 0's rows, from its check
+  std::unique_ptr<SafetensorsFile> checked;  // on rank 0, the file it checked
   if (world.rank() == 0) {
     try {
-      SafetensorsFile f(path);
+      checked = std::make_unique<SafetensorsFile>(path);
+      const SafetensorsFile& f = *checked;
       auto format = f.metadata().find("fsdp2.checkpoint");
       if (format == f.metadata().end() || format->second != kFormat) {
         throw IoError(path + ": not an fsdp2 full checkpoint");
@@ -305,7 +307,9 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
   }
   internal::ShareRank0Error(error, world);
 
-  SafetensorsFile f(path);
+  // Rank 0 reads on from the file it checked (below, a file replaced since
+  // is an error before anything is written); the others open it now.
+  const SafetensorsFile f = checked ? *checked : SafetensorsFile(path);
   // This rank's rows of a tensor (a 0-d parameter is one row of one element).
   auto rows = [&](const std::string& name, const fsdp::ShardInfo& s) {
     auto mine = kept.find(name);
@@ -346,7 +350,7 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
     }
   }
   // Fail before writing anything where the file is no longer the one whose
-  // header was read (and rank 0 checked).
+  // header this rank read.
   f.check_unchanged();
   std::string read_error;
   {
