@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -122,6 +123,10 @@ TEST(Safetensors, AFileReplacedAfterItsHeaderWasReadIsAnError) {
   ExpectError([&] { f.load("w"); }, "changed while it was being loaded");
   ExpectError([&] { f.load_rows("w", 0, 1); }, "changed while it was being loaded");
   EXPECT_TRUE(SafetensorsFile(path).load("w").equal(at::arange(12, at::kFloat) * 2));
+  SafetensorsFile g(path);
+  ASSERT_EQ(truncate(path.c_str(), 100), 0);  // cut short in place: the same inode
+  ExpectError([&] { g.load_rows_into("w", 0, 1, at::empty({1})); },
+              "changed while it was being loaded");
 }
 
 TEST(Safetensors, CorruptedDataFailsTheChecksum) {
