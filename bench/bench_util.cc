@@ -110,6 +110,16 @@ bool ResetPeakResidentBytes() {
   return static_cast<bool>(out);
 }
 
+models::GPTConfig Gpt85M() {
+  models::GPTConfig c;
+  c.n_layer = 12;
+  c.n_embd = 768;
+  c.n_head = 12;
+  c.block_size = 128;
+  c.vocab_size = 256;
+  return c;
+}
+
 models::GPTConfig ReadGPTConfig(flags::Flags& flags, const models::GPTConfig& defaults) {
   models::GPTConfig c;
   c.n_layer = flags.Int("n-layer", defaults.n_layer, "transformer blocks");

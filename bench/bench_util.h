@@ -55,6 +55,10 @@ int64_t PeakResidentBytes();
 // /proc/self/clear_refs); returns false if the kernel refused.
 bool ResetPeakResidentBytes();
 
+// The 85M GPT the benchmarks share: GPT-2 small's 12 blocks of width 768
+// (12 heads), a 256-token vocabulary and 128-token sequences.
+models::GPTConfig Gpt85M();
+
 // The GPT's size flags (--n-layer, --n-embd, --n-head, --block-size,
 // --vocab-size), `defaults` where one is not given. Throws
 // std::invalid_argument for an invalid model (GPTConfig::Validate) and

@@ -69,16 +69,6 @@ const char* kUsage =
 
 constexpr size_t kChunk = 8 << 20;
 
-models::GPTConfig Gpt85M() {
-  models::GPTConfig c;
-  c.n_layer = 12;
-  c.n_embd = 768;
-  c.n_head = 12;
-  c.block_size = 128;
-  c.vocab_size = 256;
-  return c;
-}
-
 [[noreturn]] void Fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what + ": " + std::strerror(errno));
 }

@@ -61,12 +61,7 @@ std::vector<Model> AllModels() {
   small.config.n_head = 4;
   small.config.block_size = 128;
   small.config.vocab_size = 512;
-  Model large{"85m", {}, 2};
-  large.config.n_layer = 12;
-  large.config.n_embd = 768;
-  large.config.n_head = 12;
-  large.config.block_size = 128;
-  large.config.vocab_size = 256;
+  Model large{"85m", Gpt85M(), 2};
   return {small, large};
 }
 
