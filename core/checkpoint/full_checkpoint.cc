@@ -2,6 +2,7 @@
 #include "core/common/error.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <condition_variable>
 #include <deque>
@@ -209,21 +210,12 @@ std::string ParamOf(const std::string& name) {
   return name.rfind(kOptimPrefix, 0) == 0 ? name.substr(name.find('/', 6) + 1) : name;
 }
 
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // Whether a parameter's rows can be read from the file straight into its
-// memory (rank 0 has checked the file's shape and dtype against it): its
-// FSDP rows, contiguous, on the CPU; not a tensor-parallel block or 0-d.
+// memory (rank 0 has checked the file's shape and dtype against it).
 bool DirectRows(const internal::ParamLayout& l, const SafetensorsFile& f) {
-  const fsdp::ShardInfo& s = l.shard;
-  return !l.tp && !l.full_shape.empty() && s.shard.device().is_cpu() &&
-         s.shard.is_contiguous() && f.contains(s.name) &&
-         f.info(s.name).dtype == s.shard.scalar_type() && f.info(s.name).shape == l.full_shape &&
-         s.shard.numel() == s.local_rows * (Numel(l.full_shape) / l.full_shape[0]);
+  const std::string& name = l.shard.name;
+  return internal::RowsReadInPlace(l) && f.contains(name) &&
+         f.info(name).dtype == l.shard.shard.scalar_type() && f.info(name).shape == l.full_shape;
 }
 
 }  // namespace
@@ -274,8 +266,7 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
         }
       }
       for (const auto& [name, info] : f.tensors()) {
-        const std::string param =
-            name.rfind(kOptimPrefix, 0) == 0 ? name.substr(name.find('/', 6) + 1) : name;
+        const std::string param = ParamOf(name);
         bool known = false;
         for (const auto& s : shards) known = known || s.name == param;
         if (!known) {
@@ -299,7 +290,7 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
             const internal::ParamLayout& l = *layout_of.at(ParamOf(name));
             return name.rfind(kOptimPrefix, 0) == 0 && !l.tp &&
                    l.shard.local_rows == l.shard.rows &&
-                   l.shard.shard.numel() == Numel(l.full_shape);
+                   l.shard.shard.numel() == c10::multiply_integers(l.full_shape);
           });
     } catch (const std::exception& e) {
       error = e.what();

@@ -2,6 +2,7 @@
 #include "core/common/error.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <filesystem>
 #include <fstream>
@@ -294,8 +295,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
       const int64_t lo = std::max(row_start, piece.row_start);
       const int64_t hi = std::min(row_start + rows, piece.row_start + piece.rows);
       if (lo >= hi) continue;
-      int64_t numel = 1;
-      for (int64_t d : piece.file->info(key).shape) numel *= d;
+      const int64_t numel = c10::multiply_integers(piece.file->info(key).shape);
       if (numel != piece.rows * width) {
         throw IoError(piece.file->path() + ": '" + key + "' has rows of " +
                       std::to_string(numel / std::max<int64_t>(1, piece.rows)) +
@@ -375,9 +375,7 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
     }
     const std::string model_key = "model/" + s.name;
     const auto& l = layouts[i];
-    bool direct = !l.tp && !l.full_shape.empty() && s.shard.device().is_cpu() &&
-                  s.shard.is_contiguous() &&
-                  s.shard.numel() == s.local_rows * RowNumel(l.full_shape);
+    bool direct = internal::RowsReadInPlace(l);
     if (direct) {
       auto plan = plan_rows(model_key, s.row_start, s.local_rows, l.full_shape);
       for (const auto& segment : plan) {

@@ -47,6 +47,12 @@ at::Tensor LocalOfFull(const ParamLayout& layout, const at::Tensor& full) {
       .reshape(s.shard.sizes());
 }
 
+bool RowsReadInPlace(const ParamLayout& layout) {
+  const fsdp::ShardInfo& s = layout.shard;
+  return !layout.tp && !layout.full_shape.empty() && s.shard.device().is_cpu() &&
+         s.shard.is_contiguous() && s.shard.numel() == s.local_rows * RowNumel(layout.full_shape);
+}
+
 }  // namespace internal
 }  // namespace checkpoint
 }  // namespace fsdp2

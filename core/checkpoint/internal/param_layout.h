@@ -43,6 +43,11 @@ at::Tensor GatherFull(const ParamLayout& layout, const at::Tensor& local);
 // This rank's shard (shaped like layout.shard.shard) of a full tensor.
 at::Tensor LocalOfFull(const ParamLayout& layout, const at::Tensor& full);
 
+// Whether a file's rows of the parameter can be read straight into its
+// shard: FSDP rows only (not a tensor-parallel block, not 0-d), held
+// contiguously in CPU memory.
+bool RowsReadInPlace(const ParamLayout& layout);
+
 }  // namespace internal
 }  // namespace checkpoint
 }  // namespace fsdp2
