@@ -29,10 +29,17 @@ class CommHandle {
  public:
   CommHandle() = default;  // A handle on nothing: wait() returns at once.
   explicit CommHandle(std::shared_future<void> done) : done_(std::move(done)) {}
+  // `after_wait` runs in wait() once the operation has ended, on the
+  // waiting thread (for device work: ordering that thread's stream after
+  // the collective's).
+  CommHandle(std::shared_future<void> done, std::function<void()> after_wait)
+      : done_(std::move(done)), after_wait_(std::move(after_wait)) {}
 
   void wait() const {
     if (done_.valid()) done_.get();
+    if (after_wait_) after_wait_();
   }
+  const std::shared_future<void>& future() const { return done_; }
   bool ready() const {
     return !done_.valid() ||
            done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
@@ -40,6 +47,7 @@ class CommHandle {
 
  private:
   std::shared_future<void> done_;
+  std::function<void()> after_wait_;
 };
 
 // A FIFO worker thread. Tasks run one at a time in submission order; a task's

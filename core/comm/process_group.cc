@@ -2,6 +2,9 @@
 #include "core/common/error.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <map>
 #include <mutex>
@@ -42,12 +45,58 @@ void CountSent(ProcessGroup::Impl& impl, Lane lane, int64_t bytes) {
   SentByTransport()[impl.transports[static_cast<int>(lane)]->kind()] += bytes;
 }
 
+// The lane's stream on `device`, taken from the device's pool the first time.
+c10::Stream LaneStream(ProcessGroup::Impl& impl, Lane lane, const c10::Device& device) {
+  std::lock_guard<std::mutex> lock(impl.streams_mu);
+  auto& stream = impl.streams[static_cast<int>(lane)];
+  if (!stream || stream->device() != device) {
+    stream = c10::impl::VirtualGuardImpl(device.type())
+                 .getStreamFromGlobalPool(device, /*isHighPriority=*/true);
+  }
+  return *stream;
+}
+
 // Runs `body` (a call of the lane's transport) as collective `op` on
 // `lane`, rethrowing any failure with the rank, collective and group in the
 // message: an fsdp2::Error keeps its code (a timeout stays a timeout), any
 // other failure is a CommunicationError.
+//
+// On device tensors (a GPU), as PyTorch's FSDP2 orders its collectives: the
+// lane's worker runs `body` on the lane's own stream, which first waits for
+// what the calling thread's stream had queued when the collective was
+// issued (so the next unit's all-gather overlaps this unit's compute, and a
+// reduce-scatter the earlier units' backward); wait() orders the waiting
+// thread's stream after the collective. The tensors are recorded on the
+// lane's stream, so the caching allocator does not hand their memory out
+// again before the collective is done with it.
 CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
+                         std::vector<at::Tensor> tensors,
                          std::function<void(internal::Transport&)> body) {
+  const bool on_device = !tensors.empty() && tensors[0].defined() &&
+                         !tensors[0].is_cpu() && !tensors[0].is_meta();
+  if (on_device) {
+    const c10::Device device = tensors[0].device();
+    const c10::impl::VirtualGuardImpl guard(device.type());
+    const c10::Stream stream = LaneStream(impl, lane, device);
+    auto issued = std::make_shared<c10::Event>(device.type());
+    issued->record(guard.getStream(device));
+    auto done = std::make_shared<c10::Event>(device.type());
+    body = [body = std::move(body), tensors = std::move(tensors), stream, issued,
+            done](internal::Transport& transport) {
+      const c10::StreamGuard on_lane(stream);
+      issued->block(stream);
+      const c10::impl::VirtualGuardImpl lane_guard(stream.device_type());
+      for (const auto& t : tensors) {
+        if (t.defined()) lane_guard.recordDataPtrOnStream(t.storage().data_ptr(), stream);
+      }
+      body(transport);
+      done->record(stream);
+    };
+    CommHandle handle = RunCollective(impl, lane, op, {}, std::move(body));
+    return CommHandle(handle.future(), [done, device] {
+      done->block(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+    });
+  }
   internal::Transport* transport =
       impl.transports[static_cast<int>(lane)].get();
   std::string where = [&] {
@@ -122,7 +171,7 @@ CommHandle ProcessGroup::all_gather_into_flat(at::Tensor output,
   CheckArgument(output.scalar_type() == input.scalar_type(),
               "all_gather_into_flat: dtypes differ");
   CountSent(*impl_, lane, input.nbytes() * (world - 1));
-  return RunCollective(*impl_, lane, "all_gather",
+  return RunCollective(*impl_, lane, "all_gather", {output, input},
                        [output, input](internal::Transport& transport) {
                          transport.all_gather_into_flat(output, input);
                        });
@@ -143,7 +192,7 @@ CommHandle ProcessGroup::all_gather_pieces(at::Tensor buffer,
   }
   CountSent(*impl_, lane, per_rank * buffer.element_size() * (world - 1));
   return RunCollective(
-      *impl_, lane, "all_gather",
+      *impl_, lane, "all_gather", {buffer},
       [buffer, pieces = std::move(pieces)](internal::Transport& transport) {
         transport.all_gather_pieces(buffer, pieces);
       });
@@ -163,7 +212,7 @@ CommHandle ProcessGroup::reduce_scatter_flat(at::Tensor output,
   const bool use_all_reduce = algorithm == ReduceScatterAlgorithm::kAllReduce;
   CountSent(*impl_, lane, output.nbytes() * (world - 1) * (use_all_reduce ? 2 : 1));
   return RunCollective(
-      *impl_, lane, "reduce_scatter",
+      *impl_, lane, "reduce_scatter", {output, input},
       [output, input, algorithm](internal::Transport& transport) {
         transport.reduce_scatter_flat(output, input, algorithm);
       });
@@ -173,7 +222,7 @@ CommHandle ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op,
                                     Lane lane) {
   CheckContiguous(tensor, "tensor", "all_reduce");
   CountSent(*impl_, lane, 2 * tensor.nbytes() * (size() - 1) / std::max(1, size()));
-  return RunCollective(*impl_, lane, "all_reduce",
+  return RunCollective(*impl_, lane, "all_reduce", {tensor},
                        [tensor, op](internal::Transport& transport) {
                          transport.all_reduce(tensor, op);
                        });
@@ -184,7 +233,7 @@ CommHandle ProcessGroup::broadcast(at::Tensor tensor, int root, Lane lane) {
   CheckArgument(root >= 0 && root < size(), "broadcast: root ", root,
               " is not a rank of a group of size ", size());
   if (impl_->rank == root) CountSent(*impl_, lane, tensor.nbytes() * (size() - 1));
-  return RunCollective(*impl_, lane, "broadcast",
+  return RunCollective(*impl_, lane, "broadcast", {tensor},
                        [tensor, root](internal::Transport& transport) {
                          transport.broadcast(tensor, root);
                        });
@@ -192,7 +241,7 @@ CommHandle ProcessGroup::broadcast(at::Tensor tensor, int root, Lane lane) {
 
 CommHandle ProcessGroup::barrier(Lane lane) {
   return RunCollective(
-      *impl_, lane, "barrier",
+      *impl_, lane, "barrier", {},
       [](internal::Transport& transport) { transport.barrier(); });
 }
 

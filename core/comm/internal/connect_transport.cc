@@ -10,6 +10,7 @@
 
 #include "core/comm/internal/gloo_transport.h"
 #include "core/comm/internal/host.h"
+#include "core/comm/internal/host_staged_transport.h"
 #include "core/comm/internal/nccl_transport.h"
 #include "core/comm/internal/shm_segment.h"
 #include "core/comm/internal/shm_transport.h"
@@ -66,17 +67,20 @@ std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options) {
     throw InvalidArgumentError("unknown backend '" + options.backend +
                                 "' (expected gloo or nccl)");
   }
+  // Host transports, staged through host copies for device tensors (ranks
+  // sharing a GPU, or a gloo group on GPUs).
   std::unique_ptr<Transport> gloo =
       GlooTransport::Connect(options.store, options.rank, options.world,
                              options.gloo_device, options.timeout);
   if (!SharedMemoryAgreed(*options.store, options.rank, options.world)) {
-    return gloo;
+    return std::make_unique<HostStagedTransport>(std::move(gloo));
   }
   std::unique_ptr<ShmSegment> segment =
       ShmSegment::Create(*options.store, options.rank, options.world,
                          kShmSlotBytes, options.timeout);
-  if (segment == nullptr) return gloo;
-  return std::make_unique<ShmTransport>(std::move(segment), std::move(gloo));
+  if (segment == nullptr) return std::make_unique<HostStagedTransport>(std::move(gloo));
+  return std::make_unique<HostStagedTransport>(
+      std::make_unique<ShmTransport>(std::move(segment), std::move(gloo)));
 }
 
 }  // namespace internal

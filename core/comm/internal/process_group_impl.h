@@ -4,10 +4,14 @@
 #ifndef FSDP2_CORE_COMM_INTERNAL_PROCESS_GROUP_IMPL_H_
 #define FSDP2_CORE_COMM_INTERNAL_PROCESS_GROUP_IMPL_H_
 
+#include <c10/core/Stream.h>
+
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +35,11 @@ struct ProcessGroup::Impl {
   // in issue order. The workers stop before the transports go.
   std::array<std::unique_ptr<internal::Transport>, kNumLanes> transports;
   std::array<std::unique_ptr<CommLane>, kNumLanes> lanes;
+  // Per lane, the device stream its collectives on device tensors run on
+  // (taken from the device's pool when first needed; one device per
+  // process).
+  std::mutex streams_mu;
+  std::array<std::optional<c10::Stream>, kNumLanes> streams;
   std::atomic<int64_t> bytes_sent{0};
   // Names the lost peers when a collective fails (nullptr-store: not
   // checked, as for groups of one rank).
