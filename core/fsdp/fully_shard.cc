@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -110,6 +111,61 @@ void set_requires_gradient_sync(torch::nn::Module& root, bool sync) {
   }
 }
 
+namespace {
+
+// clip_grad_norm_ for gradients on a device: the same sums (in double), per
+// group and split as there, as device tensors; the coefficient applied
+// with one multi-tensor multiply; the norm read back once.
+double DeviceClipGradNorm(const std::vector<at::Tensor>& grads,
+                          std::vector<std::vector<at::Tensor>>& blocks,
+                          std::vector<std::vector<at::Tensor>>& replicated,
+                          const std::vector<std::shared_ptr<comm::ProcessGroup>>& groups,
+                          const SplitParameters& split, bool any_split, double max_norm,
+                          double norm_type) {
+  at::NoGradGuard no_grad;
+  const bool inf_norm = std::isinf(norm_type);
+  const comm::ReduceOp op = inf_norm ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
+  const at::TensorOptions options = grads[0].options().dtype(at::kDouble);
+  blocks.resize(groups.size());
+  replicated.resize(groups.size());
+  // The sum of |g|^p (or the largest |g|) over `list`, a double on the device.
+  auto partial = [&](const std::vector<at::Tensor>& list) {
+    if (list.empty()) return at::zeros({}, options);
+    std::vector<at::Tensor> norms = at::_foreach_norm(list, norm_type, at::kDouble);
+    const at::Tensor n = at::stack(norms);
+    return inf_norm ? n.max() : n.pow(norm_type).sum();
+  };
+  auto combine = [&](const at::Tensor& a, const at::Tensor& b) {
+    return inf_norm ? at::maximum(a, b) : a + b;
+  };
+  std::vector<at::Tensor> block_sums;
+  for (const auto& list : blocks) block_sums.push_back(partial(list));
+  if (any_split && !block_sums.empty()) {
+    at::Tensor t = at::stack(block_sums);
+    split.group->all_reduce(t, op).wait();
+    block_sums = t.unbind();
+  }
+  at::Tensor total = at::zeros({}, options);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    at::Tensor sum = combine(block_sums[i], partial(replicated[i])).reshape({1});
+    if (groups[i]) groups[i]->all_reduce(sum, op).wait();
+    total = combine(total, sum.reshape({}));
+  }
+  const at::Tensor norm = inf_norm ? total : total.pow(1.0 / norm_type);
+  const at::Tensor coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  std::vector<at::Tensor> flat;
+  for (const auto& g : grads) {
+    if (g.numel() > 0) flat.push_back(g);
+  }
+  // By dtype: the multiply takes one coefficient of each.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& g : flat) by_dtype[g.scalar_type()].push_back(g);
+  for (auto& [dtype, list] : by_dtype) at::_foreach_mul_(list, coef.to(dtype));
+  return norm.item<double>();
+}
+
+}  // namespace
+
 double clip_grad_norm_(torch::nn::Module& root, double max_norm,
                        double norm_type, const SplitParameters& split) {
   TORCH_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be positive");
@@ -124,6 +180,9 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm,
   std::vector<std::shared_ptr<comm::ProcessGroup>> groups;
   std::vector<double> blocks, replicated;
   std::vector<at::Tensor> grads;
+  // Gradients on a device (a GPU), by group: their norms are taken there,
+  // a few multi-tensor kernels and no wait for the device but the last.
+  std::vector<std::vector<at::Tensor>> device_blocks, device_replicated;
   std::unordered_set<const c10::TensorImpl*> seen;  // tied: counted once
   for (const auto& info : shard_info(root, /*world_rank=*/0)) {
     if (!seen.insert(info.shard.unsafeGetTensorImpl()).second) continue;
@@ -137,6 +196,14 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm,
     const at::Tensor& g = info.shard.grad();
     if (!g.defined()) continue;
     grads.push_back(g);
+    if (!g.is_cpu()) {  // summed on the device below
+      const size_t i = it - groups.begin();
+      (any_split && split.names.count(info.name) ? device_blocks : device_replicated)
+          .resize(groups.size());
+      (any_split && split.names.count(info.name) ? device_blocks[i] : device_replicated[i])
+          .push_back(g.detach());
+      continue;
+    }
     if (g.numel() == 0) continue;
     // In double, a piece at a time: a whole shard's double copies would be
     // the step's memory peak (three of the largest shard, 28 MiB per rank
@@ -155,6 +222,10 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm,
     double& acc = any_split && split.names.count(info.name) ? blocks[i]
                                                             : replicated[i];
     acc = combine(acc, part);
+  }
+  if (!grads.empty() && !grads[0].is_cpu()) {
+    return DeviceClipGradNorm(grads, device_blocks, device_replicated, groups, split,
+                              any_split, max_norm, norm_type);
   }
   // One all-reduce of the block sums over the split group, then one per
   // shard group.

@@ -7,7 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 namespace fsdp2 {
 namespace strategy {
@@ -131,9 +134,82 @@ bool Alike(const at::Tensor& t, const at::Tensor& p) {
          t.is_contiguous() && t.numel() == p.numel();
 }
 
+// Whether `t` is a dense contiguous CUDA tensor of `p`'s dtype, size and device.
+bool AlikeOnGpu(const at::Tensor& t, const at::Tensor& p) {
+  return t.is_cuda() && !t.is_sparse() && t.device() == p.device() &&
+         t.scalar_type() == p.scalar_type() && t.is_contiguous() && t.numel() == p.numel();
+}
+
 }  // namespace
 
+bool FusedAdamW::step_on_gpu() {
+  bool any = false;
+  for (const auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    for (const at::Tensor& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (!p.is_cuda()) return false;
+      any = true;
+      const auto type = p.scalar_type();
+      if (options.amsgrad() ||
+          (type != at::kFloat && type != at::kDouble && type != at::kHalf &&
+           type != at::kBFloat16) ||
+          !AlikeOnGpu(p, p) || !AlikeOnGpu(p.grad(), p)) {
+        return false;
+      }
+      auto found = state_.find(p.unsafeGetTensorImpl());
+      if (found != state_.end()) {
+        const auto& state = static_cast<const torch::optim::AdamWParamState&>(*found->second);
+        if (!AlikeOnGpu(state.exp_avg(), p) || !AlikeOnGpu(state.exp_avg_sq(), p)) return false;
+      }
+    }
+  }
+  if (!any) return false;
+  at::NoGradGuard no_grad;
+  for (auto& group : param_groups()) {
+    auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
+    // PyTorch's fused kernel takes lists of one device and dtype, and the
+    // step of each parameter as a tensor: one batch per (device, dtype,
+    // step), which is one batch in all when every parameter has stepped
+    // alike.
+    struct Lists {
+      std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+    };
+    std::map<std::tuple<int, int, int64_t>, Lists> batches;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      void* const key = p.unsafeGetTensorImpl();
+      auto found = state_.find(key);
+      if (found == state_.end()) {
+        auto state = std::make_unique<torch::optim::AdamWParamState>();
+        state->step(0);
+        state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+        state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        found = state_.emplace(key, std::move(state)).first;
+      }
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*found->second);
+      state.step(state.step() + 1);
+      Lists& b = batches[{p.device().index(), static_cast<int>(p.scalar_type()), state.step()}];
+      b.params.push_back(p);
+      b.grads.push_back(p.grad());
+      b.exp_avgs.push_back(state.exp_avg());
+      b.exp_avg_sqs.push_back(state.exp_avg_sq());
+    }
+    for (auto& [key, b] : batches) {
+      const at::Tensor step = at::full({}, static_cast<double>(std::get<2>(key)),
+                                       b.params[0].options().dtype(at::kFloat));
+      const std::vector<at::Tensor> steps(b.params.size(), step);
+      at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, /*max_exp_avg_sqs=*/{},
+                        steps, options.lr(), std::get<0>(options.betas()),
+                        std::get<1>(options.betas()), options.weight_decay(), options.eps(),
+                        /*amsgrad=*/false, /*maximize=*/false);
+    }
+  }
+  return true;
+}
+
 at::Tensor FusedAdamW::step(LossClosure closure) {
+  if (closure == nullptr && step_on_gpu()) return at::Tensor();
   // LibTorch's own step wherever the one-pass update does not apply.
   for (const auto& group : param_groups()) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());

@@ -298,6 +298,8 @@ at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
     return at::Tensor();
   }
   if (!reduces()) return at::Tensor();  // frozen: nothing to reduce
+  local_grads_.assign(n, false);
+  for (size_t i = 0; i < n; ++i) local_grads_[i] = grads[i].defined();
   at::Tensor input =
       CopyInForReduce(params_, grads, shard_world_, flat_numel_, has_padding_,
                       compute_options_.dtype(reduce_dtype_));
@@ -316,6 +318,8 @@ void FSDPParamGroup::start_reduction(at::Tensor input) {
   reduction_ = ReduceGrads(std::move(input), reduction_width(), shard_group_,
                            replicate_group_, data_parallel_size_);
   reduction_pending_ = true;
+  reduction_local_grads_ = std::move(local_grads_);
+  local_grads_.clear();
 }
 
 void FSDPParamGroup::finish_reduction() {
@@ -325,16 +329,23 @@ void FSDPParamGroup::finish_reduction() {
   reduction_ = PendingReduction();
   WaitTimed(reduction.done, wait_stats_.reduce_wait_s);
   // The contribution flags, summed over the ranks and divided like the
-  // gradients: positive where some rank had a gradient.
-  const at::Tensor contributed =
-      reduction.output.narrow(0, flat_numel_, params_.size())
-          .to(at::kCPU, at::kDouble).contiguous();
-  const double* flags = contributed.data_ptr<double>();
+  // gradients: positive where some rank had a gradient. Read only for the
+  // parameters without one here (a parameter this rank's step did not use).
+  std::vector<bool> local = std::move(reduction_local_grads_);
+  reduction_local_grads_.clear();
+  local.resize(params_.size(), false);
+  at::Tensor contributed;
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam& p = params_[i];
-    if (p.requires_grad() && flags[i] > 0) {
-      p.accumulate_grad(p.reduced_grad_view(reduction.output));
+    if (!p.requires_grad()) continue;
+    if (!local[i]) {
+      if (!contributed.defined()) {
+        contributed = reduction.output.narrow(0, flat_numel_, params_.size())
+                          .to(at::kCPU, at::kDouble).contiguous();
+      }
+      if (contributed.data_ptr<double>()[i] <= 0) continue;
     }
+    p.accumulate_grad(p.reduced_grad_view(reduction.output));
   }
 }
 

@@ -148,6 +148,11 @@ class FSDPParamGroup {
 
   std::vector<at::Tensor> no_sync_grads_;  // unsharded, reduce dtype
   PendingReduction reduction_;
+  // Which parameters had a gradient on this rank in the reduction being
+  // prepared, then in the one in flight: theirs is certain to arrive, so
+  // only the others need the ranks' contribution flags read (on a GPU, a
+  // wait for the device).
+  std::vector<bool> local_grads_, reduction_local_grads_;
   bool reduction_pending_ = false;
 
   CommWaitStats wait_stats_;
