@@ -299,6 +299,11 @@ static fsdp2_memory_stats_t MemoryStats(fsdp2_strategy_t* s) {
   CHECK_OK(fsdp2_strategy_memory_stats(s, &stats));
   EXPECT(stats.rss_bytes > 0 && stats.peak_rss_bytes >= stats.rss_bytes,
          "rss %lld, peak rss %lld", (long long)stats.rss_bytes, (long long)stats.peak_rss_bytes);
+  EXPECT(stats.peak_device_allocated_bytes >= stats.device_allocated_bytes &&
+             stats.device_reserved_bytes >= stats.device_allocated_bytes,
+         "device allocated %lld, reserved %lld, peak %lld",
+         (long long)stats.device_allocated_bytes, (long long)stats.device_reserved_bytes,
+         (long long)stats.peak_device_allocated_bytes);
   return stats;
 }
 
@@ -529,6 +534,21 @@ static void TestOptionErrors(void) {
   fsdp2_strategy_options_init(&o);
   o.sharding_strategy = 42;
   EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "sharding_strategy");
+
+  /* Devices (ABI 1.5): the default, JSON names, errors. */
+  fsdp2_strategy_options_init(&o);
+  EXPECT(o.device == FSDP2_DEVICE_AUTO && o.device_index == -1, "device defaults");
+  CHECK_OK(fsdp2_strategy_options_from_json("{\"device\": \"cuda:1\"}", &o));
+  EXPECT(o.device == FSDP2_DEVICE_CUDA && o.device_index == 1, "device cuda:1");
+  CHECK_OK(fsdp2_strategy_options_from_json("{\"device\": \"cpu\"}", &o));
+  EXPECT(o.device == FSDP2_DEVICE_CPU && o.device_index == -1, "device cpu");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"device\": \"tpu\"}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "\"cuda:K\"");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"device\": \"cuda:x\"}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "\"cuda:K\"");
+  fsdp2_strategy_options_init(&o);
+  o.device = 7;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "unknown device");
 
   /* Activation checkpointing: default, JSON (names and booleans), errors,
    * and an older caller's shorter struct (the fields take their defaults). */

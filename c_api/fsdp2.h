@@ -69,7 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 4 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment */
+#define FSDP2_ABI_VERSION_MINOR 5 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -212,6 +212,13 @@ typedef enum fsdp2_backend {
   FSDP2_BACKEND_NCCL = 1  /* CUDA builds */
 } fsdp2_backend_t;
 
+/* Where a rank trains (ABI 1.5). */
+typedef enum fsdp2_device {
+  FSDP2_DEVICE_AUTO = 0, /* its GPU where CUDA devices are visible, else the CPU */
+  FSDP2_DEVICE_CPU = 1,
+  FSDP2_DEVICE_CUDA = 2  /* GPU device_index, or (-1) local rank modulo the GPUs */
+} fsdp2_device_t;
+
 typedef enum fsdp2_checkpoint_format {
   FSDP2_CHECKPOINT_SHARDED = 0, /* a directory; every rank writes its rows */
   FSDP2_CHECKPOINT_FULL = 1     /* one safetensors file, written by rank 0 */
@@ -246,6 +253,9 @@ typedef struct fsdp2_strategy_options {
   /* Since ABI 1.2. */
   int32_t activation_checkpointing; /* an fsdp2_activation_checkpointing_t */
   int32_t ac_every;                 /* SELECTIVE: every k-th block, >= 1; default 2 */
+  /* Since ABI 1.5. */
+  int32_t device;       /* an fsdp2_device_t; default AUTO */
+  int32_t device_index; /* CUDA: the GPU's number; -1 (default): the local rank's */
 } fsdp2_strategy_options_t;
 
 /* Fills `options` with the defaults: auto sizes, FULL_SHARD, BF16, gloo,
@@ -555,6 +565,10 @@ typedef struct fsdp2_memory_stats {
   int64_t unsharded_grad_bytes;  /* accumulated without gradient sync */
   int64_t total_param_bytes;     /* the global model in its dtype, tied ones once */
   int64_t rss_bytes, peak_rss_bytes; /* VmRSS, VmHWM (>= rss_bytes) */
+  /* Since ABI 1.5; 0 on the CPU. On a GPU, PyTorch's caching allocator:
+   * bytes in tensors, bytes held from the driver, and their peaks. */
+  int64_t device_allocated_bytes, device_reserved_bytes;
+  int64_t peak_device_allocated_bytes, peak_device_reserved_bytes;
 } fsdp2_memory_stats_t;
 /* Zeroes *stats and sets struct_size. Accepts NULL. */
 FSDP2_API void fsdp2_memory_stats_init(fsdp2_memory_stats_t* stats);

@@ -43,6 +43,10 @@ fsdp2_status_t fsdp2_strategy_memory_stats(const fsdp2_strategy_t* strategy,
   out.total_param_bytes = m.total_param_bytes;
   out.rss_bytes = m.rss_bytes;
   out.peak_rss_bytes = m.peak_rss_bytes;
+  out.device_allocated_bytes = m.device_allocated_bytes;
+  out.device_reserved_bytes = m.device_reserved_bytes;
+  out.peak_device_allocated_bytes = m.peak_device_allocated_bytes;
+  out.peak_device_reserved_bytes = m.peak_device_reserved_bytes;
   // As many bytes as the caller's struct has: an older caller gets the
   // fields it knows; struct_size stays the caller's.
   std::memcpy(static_cast<void*>(stats), &out, std::min(caller_size, sizeof(out)));

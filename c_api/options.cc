@@ -23,7 +23,7 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
       "data_parallel_size, tensor_parallel_size, sharding_strategy, "
       "reshard_after_forward, shard_group_size, precision, cpu_offload, backend, "
       "timeout_ms, checkpoint_format, seed, shuffle, drop_last, "
-      "activation_checkpointing, ac_every";
+      "activation_checkpointing, ac_every, device";
   for (const auto& [key, v] : config.items()) {
     if (key == "data_parallel_size") {
       o.data_parallel_size = JsonSize(v, key);
@@ -64,6 +64,22 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
                                                       {"selective", FSDP2_AC_SELECTIVE}});
     } else if (key == "ac_every") {
       o.ac_every = JsonNumber<int32_t>(v, key);
+    } else if (key == "device") {
+      // "auto", "cpu", "cuda" (the local rank's GPU) or "cuda:K".
+      const std::string d = v.is_string() ? v.get<std::string>() : "";
+      int index = -1;
+      bool ok = d == "auto" || d == "cpu" || d == "cuda";
+      if (d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
+          d.find_first_not_of("0123456789", 5) == std::string::npos && d.size() < 10) {
+        index = std::stoi(d.substr(5));
+        ok = true;
+      }
+      if (!ok) {
+        throw InvalidArgumentError("device must be \"auto\", \"cpu\", \"cuda\" or "
+                                   "\"cuda:K\", got " + v.dump());
+      }
+      o.device = d == "auto" ? FSDP2_DEVICE_AUTO : d == "cpu" ? FSDP2_DEVICE_CPU : FSDP2_DEVICE_CUDA;
+      o.device_index = index;
     } else {
       UnknownKey(key, known);
     }

@@ -91,6 +91,8 @@ struct Flags {
   int progress_bar = -1;
   int activation_checkpointing = 0;  // 1: recompute blocks in backward
   int ac_every = 1;                  // with it: every k-th block
+  std::string device = "auto";
+  std::string init_from;  // the model's weights from this safetensors file
 };
 
 const char* kUsage =
@@ -181,6 +183,12 @@ Flags ParseFlags(int argc, char** argv) {
         "1: recompute each block's activations in backward instead of keeping them");
     f.ac_every = parser.Int("ac-every", f.ac_every,
                             "with --activation-checkpointing 1: every k-th block (1: all)");
+    f.device = parser.String("device", f.device,
+                             "auto|cpu|cuda|cuda:K (auto: the rank's GPU where there is one)");
+    f.init_from = parser.String("init-from", f.init_from,
+                                "start from these weights (a safetensors file of full tensors "
+                                "by name, e.g. a PyTorch model's state_dict) instead of a "
+                                "random initialisation");
     f.ckpt_async = parser.Int("ckpt-async", f.ckpt_async ? 1 : 0,
                               "1: write checkpoints in the background while training goes on") != 0;
     f.max_restarts = parser.Int("max-restarts", f.max_restarts,
@@ -217,6 +225,9 @@ Flags ParseFlags(int argc, char** argv) {
     if (fs::is_directory(f.data)) {
       Fail("--data " + f.data + ": is a directory, expected a text file");
     }
+  }
+  if (!f.init_from.empty() && !fs::is_regular_file(f.init_from)) {
+    Fail("--init-from " + f.init_from + ": no such file");
   }
   if (!f.resume.empty() && !fs::exists(f.resume) && !fs::exists(f.resume + ".old")) {
     Fail("--resume " + f.resume + ": no such checkpoint");
@@ -363,6 +374,7 @@ int RunRank(const Flags& f) {
   }
   const char* backend = std::getenv("FSDP2_BACKEND");
   options.backend = backend ? backend : "gloo";
+  options.device = f.device;
   options.shard_group_size = f.shard_group_size;
   options.timeout = std::chrono::seconds(f.timeout_s);
   strategy::FSDP2Strategy strategy(options);
@@ -383,6 +395,7 @@ int RunRank(const Flags& f) {
   auto module = std::make_shared<models::GPTModule>(config, models::GPT2AdamW(f.lr));
   strategy.connect(module);
   strategy.parallelize();
+  if (!f.init_from.empty()) strategy.load_model_state_dict(f.init_from);
   // A restart after a failure resumes from the newest complete checkpoint.
   std::string resume = f.resume;
   if (launch::RestartCount() > 0 && !f.ckpt_dir.empty()) {
@@ -474,8 +487,9 @@ int RunRank(const Flags& f) {
                 (long long)f.batch_size, f.grad_accum,
                 fsdp::ToString(options.sharding_strategy),
                 strategy.fsdp_mesh()->ToString().c_str(), f.mixed_precision.c_str());
-    std::printf("hosts: %d; gloo: %s; threads per rank: %d\n", strategy.world()->num_hosts(),
-                strategy.world()->network().c_str(), threads);
+    std::printf("hosts: %d; gloo: %s; threads per rank: %d; device: %s\n",
+                strategy.world()->num_hosts(), strategy.world()->network().c_str(), threads,
+                strategy.device().str().c_str());
     if (f.activation_checkpointing == 1) {
       std::printf("activation checkpointing: %s, %zu of %lld blocks recomputed in backward\n",
                   options.activation_checkpointing.ToString().c_str(),
@@ -499,6 +513,12 @@ int RunRank(const Flags& f) {
               fsdp::peak_unsharded_param_bytes() / 1048576.0,
               launch::ActiveAllocator().c_str(),
               sent.empty() ? "nothing" : sent.c_str());
+  if (!strategy.device().is_cpu()) {
+    const auto device = strategy.memory_stats();
+    std::printf("rank %d: %s memory: peak allocated %.1f MiB, peak reserved %.1f MiB\n", rank,
+                strategy.device().str().c_str(), device.peak_device_allocated_bytes / 1048576.0,
+                device.peak_device_reserved_bytes / 1048576.0);
+  }
   if (rank == 0) {
     std::printf("metrics: %s, %s; loss curve: %s\n", trainer_options.metrics_jsonl.c_str(),
                 trainer_options.metrics_csv.c_str(), trainer_options.loss_curve_svg.c_str());

@@ -82,6 +82,17 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
     default:
       throw InvalidArgumentError("unknown backend " + std::to_string(static_cast<int>(o.backend)));
   }
+  switch (o.device) {
+    case FSDP2_DEVICE_AUTO: out.device = "auto"; break;
+    case FSDP2_DEVICE_CPU: out.device = "cpu"; break;
+    case FSDP2_DEVICE_CUDA:
+      Require(o.device_index >= -1, "device_index must be -1 (the local rank's GPU) or a GPU "
+                                    "number, got " + std::to_string(o.device_index));
+      out.device = o.device_index < 0 ? "cuda" : "cuda:" + std::to_string(o.device_index);
+      break;
+    default:
+      throw InvalidArgumentError("unknown device " + std::to_string(static_cast<int>(o.device)));
+  }
   Require(o.timeout_ms > 0, "timeout_ms must be positive, got " + std::to_string(o.timeout_ms));
   out.timeout = std::chrono::milliseconds(o.timeout_ms);
   switch (o.checkpoint_format) {
@@ -180,6 +191,8 @@ void fsdp2_strategy_options_init(fsdp2_strategy_options_t* o) {
   o->drop_last = 1;
   o->activation_checkpointing = FSDP2_AC_NONE;
   o->ac_every = 2;
+  o->device = FSDP2_DEVICE_AUTO;
+  o->device_index = -1;
 }
 
 void fsdp2_optimizer_options_init(fsdp2_optimizer_options_t* o) {

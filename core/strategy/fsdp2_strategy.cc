@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/fsdp/unit_plan.h"
+#include "core/strategy/device.h"
 #include "core/launch/allocator.h"
 #include "core/launch/local_launcher.h"
 #include "core/tp/clip_grad.h"
@@ -50,51 +51,7 @@ fsdp::MixedPrecisionPolicy DefaultMixedPrecision() {
   return mp;
 }
 
-LowPrecisionSpeed LowPrecisionSpeedOn(at::ScalarType dtype,
-                                      const std::string& cpu_flags,
-                                      const std::string& cpu_vendor) {
-  auto has = [&](const char* flag) { return launch::HasCpuFlag(cpu_flags, flag); };
-  if (cpu_flags.find_first_not_of(' ') == std::string::npos) {
-    return LowPrecisionSpeed::kFaster;  // unknown CPU: nothing to say
-  }
-  if (dtype == at::kBFloat16) {
-    if (has("amx_bf16")) return LowPrecisionSpeed::kFaster;
-    if (!has("avx512_bf16")) return LowPrecisionSpeed::kEmulated;
-    return cpu_vendor == "GenuineIntel" ? LowPrecisionSpeed::kNoFaster
-                                        : LowPrecisionSpeed::kFaster;
-  }
-  if (dtype == at::kHalf && !has("avx512_fp16") && !has("amx_fp16")) {
-    return LowPrecisionSpeed::kEmulated;
-  }
-  return LowPrecisionSpeed::kFaster;
-}
-
 namespace {
-
-// Rank 0 says once when the policy's compute dtype would train slower than
-// fp32 here (see LowPrecisionSpeedOn); the policy stays as asked.
-void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank) {
-  if (rank != 0 || !mp.param_dtype) return;
-  const at::ScalarType dtype = *mp.param_dtype;
-  const bool bf16 = dtype == at::kBFloat16;
-  const LowPrecisionSpeed speed =
-      LowPrecisionSpeedOn(dtype, launch::CpuFlags(), launch::CpuVendor());
-  if (speed == LowPrecisionSpeed::kFaster) return;
-  std::cerr << "fsdp2: warning: ";
-  if (speed == LowPrecisionSpeed::kEmulated) {
-    std::cerr << (bf16 ? "bf16" : "fp16")
-              << " compute has no native support on this CPU (no "
-              << (bf16 ? "AVX512-BF16 or AMX-BF16" : "AVX512-FP16 or AMX-FP16")
-              << ") and runs emulated, measured up to 13x slower than fp32";
-  } else {
-    std::cerr << "bf16 compute is no faster than fp32 on this CPU (AVX512-BF16 "
-                 "without AMX on an Intel CPU: bf16 matmuls measured at 0.6x "
-                 "and a GPT step at 0.7x of fp32's speed)";
-  }
-  std::cerr << "; choose fp32 precision (C ABI: FSDP2_PRECISION_FP32, "
-               "Python/Java precision \"fp32\", C++: an empty "
-               "MixedPrecisionPolicy) unless you need it\n";
-}
 
 // The first rank of each host (as found at rendezvous) says when its
 // process lacks what matters most of the local launcher's rank environment
@@ -292,6 +249,10 @@ void FSDP2Strategy::setup_environment() {
     return shard;
   };
   if (hybrid && options_.shard_group_size > 0) check_shard(options_.shard_group_size);
+  // The GPU first: NCCL communicators and CUDA work of this process go to
+  // the current device.
+  device_ = ResolveDevice(options_.device, cluster_.local_rank);
+  if (device_.is_cuda()) at::accelerator::setDeviceIndex(device_.index());
   auto world_ptr = comm::World::Init(cluster_.ToRendezvous(options_.timeout, options_.backend));
   int shard = 0;
   if (hybrid) {
@@ -353,7 +314,7 @@ void FSDP2Strategy::parallelize() {
     fsdp_options.shard_dim = "dp";
     fsdp_options.replicate_dim = "dp";
   }
-  WarnIfLowPrecisionIsSlow(fsdp_options.mp_policy, world_->rank());
+  if (device_.is_cpu()) WarnIfLowPrecisionIsSlow(fsdp_options.mp_policy, world_->rank());
   const ParallelizeFn& fn =
       options_.parallelize_fn ? options_.parallelize_fn : DefaultParallelize;
   if (tp_size_ > 1 && fsdp::has_deferred_tensors(*module_->module())) {
@@ -364,6 +325,16 @@ void FSDP2Strategy::parallelize() {
         "cannot be tensor-parallel yet (tensor_parallel_size " +
         std::to_string(tp_size_) + "); build it eagerly or use "
         "tensor_parallel_size = 1");
+  }
+  if (!device_.is_cpu()) {
+    if (fsdp::has_deferred_tensors(*module_->module())) {
+      throw InvalidArgumentError(
+          "FSDP2Strategy::parallelize: a model built under tensor_init_context() "
+          "is materialised on the CPU only, and this strategy trains on " +
+          device_.str() + "; build the model eagerly (parallelize() moves it to "
+          "the GPU before sharding) or use device \"cpu\"");
+    }
+    module_->module()->to(device_);
   }
   std::vector<ParameterInfo> infos;
   std::unordered_set<const c10::TensorImpl*> counted;  // tied parameters once
@@ -389,6 +360,7 @@ void FSDP2Strategy::parallelize() {
   parallelized_ = true;
   // memory_stats()'s peak starts here: materialising and sharding are set-up.
   fsdp::reset_peak_unsharded_param_bytes();
+  ResetPeakDeviceMemory(device_);
 }
 
 StrategyMemoryStats FSDP2Strategy::memory_stats() const {
@@ -405,6 +377,7 @@ StrategyMemoryStats FSDP2Strategy::memory_stats() const {
   const ResidentMemory resident = ProcessResidentMemory();
   stats.rss_bytes = resident.rss_bytes;
   stats.peak_rss_bytes = resident.peak_rss_bytes;
+  AddDeviceMemory(device_, stats);
   return stats;
 }
 
@@ -412,6 +385,7 @@ void FSDP2Strategy::reset_peak_memory_stats() {
   require(/*setup=*/false, /*parallelized=*/true, "reset_peak_memory_stats");
   ResetPeakResidentBytes();  // first: it is the one that can fail
   fsdp::reset_peak_unsharded_param_bytes();
+  ResetPeakDeviceMemory(device_);
 }
 
 const std::vector<FSDP2Strategy::ParameterInfo>& FSDP2Strategy::parameter_infos() const {
@@ -427,8 +401,17 @@ at::Tensor FSDP2Strategy::apply_loss_reduction(StepType step, const Batch& batch
   return output;
 }
 
-at::Tensor FSDP2Strategy::training_step(const Batch& batch, int64_t batch_idx) {
+Batch FSDP2Strategy::to_device(const Batch& batch) const {
+  if (device_.is_cpu()) return batch;
+  Batch out;
+  out.reserve(batch.size());
+  for (const auto& t : batch) out.push_back(t.defined() ? t.to(device_) : t);
+  return out;
+}
+
+at::Tensor FSDP2Strategy::training_step(const Batch& host_batch, int64_t batch_idx) {
   require_optimizer("training_step");
+  const Batch batch = to_device(host_batch);
   if (pending_optimizer_state_) {
     // Deferred restoration: the optimizer has state only now.
     torch::serialize::InputArchive archive;
@@ -466,9 +449,10 @@ double FSDP2Strategy::optimizer_step(double max_grad_norm) {
   return norm;
 }
 
-at::Tensor FSDP2Strategy::evaluation_step(StepType step, const Batch& batch,
+at::Tensor FSDP2Strategy::evaluation_step(StepType step, const Batch& host_batch,
                                           int64_t idx) {
   at::NoGradGuard no_grad;
+  const Batch batch = to_device(host_batch);
   at::Tensor output = step == StepType::kValidation
                           ? module_->validation_step(batch, idx)
                           : module_->test_step(batch, idx);
@@ -488,7 +472,7 @@ at::Tensor FSDP2Strategy::test_step(const Batch& batch, int64_t batch_idx) {
 at::Tensor FSDP2Strategy::predict_step(const Batch& batch, int64_t batch_idx) {
   require(true, true, "predict_step");
   at::NoGradGuard no_grad;
-  return module_->predict_step(batch, batch_idx);
+  return module_->predict_step(to_device(batch), batch_idx);
 }
 
 DataLoader FSDP2Strategy::process_dataloader(Batch dataset,

@@ -40,6 +40,7 @@
 #include "core/comm/world.h"
 #include "core/fsdp/deferred_init.h"
 #include "core/fsdp/fully_shard.h"
+#include "core/strategy/device.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/distributed_sampler.h"
 #include "core/strategy/lazy_zero_grad.h"
@@ -82,28 +83,6 @@ void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
 // gradient reduction, fp32 outputs.
 fsdp::MixedPrecisionPolicy DefaultMixedPrecision();
 
-// How compute in `dtype` (bf16 or fp16) compares with fp32 on a CPU with
-// these /proc/cpuinfo flags (launch::CpuFlags(): " flag flag ... ") and
-// vendor (launch::CpuVendor()):
-//  kEmulated  no native instructions (bf16: AVX512-BF16 or AMX-BF16; fp16:
-//             AVX512-FP16 or AMX-FP16): a GPT step in bf16 was measured 13x
-//             slower than in fp32 on an AVX2 CPU;
-//  kNoFaster  bf16 on an Intel CPU with AVX512-BF16 but no AMX-BF16 (Cooper
-//             Lake, or a newer Xeon whose hypervisor hides AMX): its bf16 dot
-//             product does the work of its two fp32 FMA units and no more;
-//             oneDNN's bf16 matmuls ran at 0.6x of OpenBLAS's fp32 (80
-//             against 122-142 GFLOP/s on one core of a Xeon model 207) and
-//             a GPT step at 0.7x of fp32's speed;
-//  kFaster    otherwise: AMX, or AVX512-BF16 on AMD (Zen 4, whose fp32 units
-//             are 256 bits wide: bf16 matmuls at 3x fp32 measured); also
-//             other dtypes and an unknown CPU (no flags), of which nothing
-//             is claimed.
-// parallelize() warns on rank 0 when the policy's param_dtype is not
-// kFaster; the policy stays as asked.
-enum class LowPrecisionSpeed { kFaster, kNoFaster, kEmulated };
-LowPrecisionSpeed LowPrecisionSpeedOn(at::ScalarType dtype,
-                                      const std::string& cpu_flags,
-                                      const std::string& cpu_vendor);
 
 struct FSDP2StrategyOptions {
   // The (dp, tp) device mesh: data_parallel_size x tensor_parallel_size
@@ -138,6 +117,15 @@ struct FSDP2StrategyOptions {
   // Keep sharded state in host memory. Refused on this CPU-only build: the
   // state already lives there.
   bool cpu_offload = false;
+  // Where this rank trains: "auto" (its GPU when CUDA devices are visible,
+  // else the CPU), "cpu", "cuda" (GPU local_rank modulo the visible GPUs:
+  // ranks beyond the GPUs share them), or "cuda:K". setup_environment()
+  // makes that GPU the process's current device; parallelize() moves the
+  // model there before sharding it, and the steps copy each batch there.
+  // Throws InvalidArgumentError for "cuda" where no GPU is visible.
+  std::string device = "auto";
+  // "gloo" (host transports; device tensors are staged through host
+  // memory) or "nccl" (CUDA builds; one GPU per rank).
   std::string backend = "gloo";
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // save_checkpoint's format; the target is a directory in both:
@@ -331,6 +319,11 @@ class FSDP2Strategy {
   }
 
   const FSDP2StrategyOptions& options() const { return options_; }
+  // The device this rank trains on (options().device resolved by
+  // setup_environment(); the CPU before it).
+  const at::Device& device() const { return device_; }
+  // `batch` on device(): the same tensors on the CPU, copies on a GPU.
+  Batch to_device(const Batch& batch) const;
   const ClusterEnvironment& cluster() const { return cluster_; }
   const std::shared_ptr<comm::World>& world() const { return world_; }
   const std::shared_ptr<comm::DeviceMesh>& mesh() const { return mesh_; }
@@ -357,6 +350,7 @@ class FSDP2Strategy {
   std::shared_ptr<comm::World> world_;
   std::shared_ptr<comm::DeviceMesh> mesh_;     // (dp, tp)
   std::shared_ptr<comm::DeviceMesh> fsdp_mesh_;  // what fully_shard uses
+  at::Device device_{at::kCPU};
   int dp_size_ = 0;
   int tp_size_ = 0;
   std::shared_ptr<TrainingModule> module_;

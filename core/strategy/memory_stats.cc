@@ -4,6 +4,7 @@
 // StrategyMemoryStats.
 #include "core/strategy/memory_stats.h"
 
+#include <ATen/DeviceAccelerator.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -95,6 +96,21 @@ ResidentMemory ProcessResidentMemory() {
     if (line.rfind("VmHWM:", 0) == 0) memory.peak_rss_bytes = KiBToBytes(line, "VmHWM:");
   }
   return memory;
+}
+
+void AddDeviceMemory(const at::Device& device, StrategyMemoryStats& stats) {
+  if (device.is_cpu()) return;
+  const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const auto s = at::getDeviceAllocator(device.type())->getDeviceStats(device.index());
+  stats.device_allocated_bytes = s.allocated_bytes[all].current;
+  stats.device_reserved_bytes = s.reserved_bytes[all].current;
+  stats.peak_device_allocated_bytes = s.allocated_bytes[all].peak;
+  stats.peak_device_reserved_bytes = s.reserved_bytes[all].peak;
+}
+
+void ResetPeakDeviceMemory(const at::Device& device) {
+  if (device.is_cpu()) return;
+  at::getDeviceAllocator(device.type())->resetPeakStats(device.index());
 }
 
 void ResetPeakResidentBytes() {

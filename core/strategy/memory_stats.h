@@ -8,6 +8,7 @@
 #ifndef FSDP2_CORE_STRATEGY_MEMORY_STATS_H_
 #define FSDP2_CORE_STRATEGY_MEMORY_STATS_H_
 
+#include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -37,6 +38,14 @@ struct StrategyMemoryStats {
   // The process's peak resident memory (VmHWM): since it started, or since
   // the last reset_peak_memory_stats().
   int64_t peak_rss_bytes = 0;
+  // On a GPU (the strategy's device), from PyTorch's caching allocator for
+  // that device: bytes in tensors now, bytes it holds from the driver now
+  // (tensors and its cache), and their peaks since parallelize() or the
+  // last reset_peak_memory_stats(). All 0 on the CPU.
+  int64_t device_allocated_bytes = 0;
+  int64_t device_reserved_bytes = 0;
+  int64_t peak_device_allocated_bytes = 0;
+  int64_t peak_device_reserved_bytes = 0;
 };
 
 // Bytes of the tensors in `optimizer`'s per-parameter state (Adam(W):
@@ -54,6 +63,12 @@ struct ResidentMemory {
   int64_t peak_rss_bytes = 0;
 };
 ResidentMemory ProcessResidentMemory();
+// The caching allocator's statistics of `device` (a GPU; nothing for the
+// CPU): fills the device_* fields of `stats`.
+void AddDeviceMemory(const at::Device& device, StrategyMemoryStats& stats);
+// Restarts the allocator's peaks of `device` from what it holds now (nothing
+// for the CPU).
+void ResetPeakDeviceMemory(const at::Device& device);
 // Resets the peak (VmHWM) to the current resident memory, by writing "5"
 // to /proc/self/clear_refs (Linux 4.0+). Throws IoError if that file
 // cannot be written (an older kernel, a restricted /proc).

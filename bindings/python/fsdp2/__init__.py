@@ -312,6 +312,8 @@ MEMORY_STATS = (
     "sharded_param_bytes", "sharded_grad_bytes", "optimizer_state_bytes",
     "unsharded_param_bytes", "peak_unsharded_param_bytes", "unsharded_grad_bytes",
     "total_param_bytes", "rss_bytes", "peak_rss_bytes",
+    "device_allocated_bytes", "device_reserved_bytes",
+    "peak_device_allocated_bytes", "peak_device_reserved_bytes",
 )
 
 
@@ -322,7 +324,9 @@ class FSDP2Strategy(_Handle):
     tensor_parallel_size ("auto" or a number), sharding_strategy
     ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
     reshard_after_forward, shard_group_size, precision ("bf16", "fp32"),
-    cpu_offload, backend ("gloo", "nccl"), timeout_ms, checkpoint_format
+    cpu_offload, device ("auto": the rank's GPU where CUDA devices are
+    visible, else the CPU; "cpu", "cuda", "cuda:K"), backend ("gloo",
+    "nccl"), timeout_ms, checkpoint_format
     ("sharded", "full"), seed, shuffle, drop_last, activation_checkpointing
     ("none", "full", "selective", or False/True: recompute every transformer
     block's activations in backward instead of keeping them; selective:
@@ -535,7 +539,9 @@ class FSDP2Strategy(_Handle):
         or reset_peak_memory_stats()), unsharded_grad_bytes,
         total_param_bytes (the whole model, unsharded, in the parameters'
         dtype), rss_bytes and peak_rss_bytes (the process's resident memory
-        now and its peak). Local, not collective; after parallelize()."""
+        now and its peak), and on a GPU device_allocated_bytes,
+        device_reserved_bytes and their peaks (PyTorch's caching allocator;
+        0 on the CPU). Local, not collective; after parallelize()."""
         stats = _c.fsdp2_memory_stats_t()
         _c.fsdp2_memory_stats_init(stats)
         _c.fsdp2_strategy_memory_stats(self.handle, stats)

@@ -92,6 +92,15 @@ public final class FSDP2Strategy extends Handle {
       return set("cpu_offload", offload);
     }
 
+    /**
+     * Where each rank trains: "auto" (the default: its GPU where CUDA devices
+     * are visible, else the CPU), "cpu", "cuda" (the local rank's GPU) or
+     * "cuda:K".
+     */
+    public Builder device(String device) {
+      return set("device", device);
+    }
+
     /** gloo (the default) or nccl. */
     public Builder backend(String backend) {
       return set("backend", backend);
@@ -423,7 +432,9 @@ public final class FSDP2Strategy extends Handle {
       return new MemoryStats(stats.getSharded_param_bytes(), stats.getSharded_grad_bytes(),
           stats.getOptimizer_state_bytes(), stats.getUnsharded_param_bytes(),
           stats.getPeak_unsharded_param_bytes(), stats.getUnsharded_grad_bytes(),
-          stats.getTotal_param_bytes(), stats.getRss_bytes(), stats.getPeak_rss_bytes());
+          stats.getTotal_param_bytes(), stats.getRss_bytes(), stats.getPeak_rss_bytes(),
+          stats.getDevice_allocated_bytes(), stats.getDevice_reserved_bytes(),
+          stats.getPeak_device_allocated_bytes(), stats.getPeak_device_reserved_bytes());
     }
   }
 

@@ -31,10 +31,18 @@ public final class MemoryStats {
   public final long rssBytes;
   /** Its peak (VmHWM) since the process started or the last reset. */
   public final long peakRssBytes;
+  /** On a GPU, bytes in tensors now (PyTorch's caching allocator); 0 on the CPU. */
+  public final long deviceAllocatedBytes;
+  /** On a GPU, bytes the allocator holds from the driver now; 0 on the CPU. */
+  public final long deviceReservedBytes;
+  /** Their peaks since parallelize or the last reset. */
+  public final long peakDeviceAllocatedBytes;
+  public final long peakDeviceReservedBytes;
 
   MemoryStats(long shardedParamBytes, long shardedGradBytes, long optimizerStateBytes,
       long unshardedParamBytes, long peakUnshardedParamBytes, long unshardedGradBytes,
-      long totalParamBytes, long rssBytes, long peakRssBytes) {
+      long totalParamBytes, long rssBytes, long peakRssBytes, long deviceAllocatedBytes,
+      long deviceReservedBytes, long peakDeviceAllocatedBytes, long peakDeviceReservedBytes) {
     this.shardedParamBytes = shardedParamBytes;
     this.shardedGradBytes = shardedGradBytes;
     this.optimizerStateBytes = optimizerStateBytes;
@@ -44,6 +52,10 @@ public final class MemoryStats {
     this.totalParamBytes = totalParamBytes;
     this.rssBytes = rssBytes;
     this.peakRssBytes = peakRssBytes;
+    this.deviceAllocatedBytes = deviceAllocatedBytes;
+    this.deviceReservedBytes = deviceReservedBytes;
+    this.peakDeviceAllocatedBytes = peakDeviceAllocatedBytes;
+    this.peakDeviceReservedBytes = peakDeviceReservedBytes;
   }
 
   /** The fields by their C names ("sharded_param_bytes", ...), in the C struct's order. */
@@ -58,6 +70,10 @@ public final class MemoryStats {
     m.put("total_param_bytes", totalParamBytes);
     m.put("rss_bytes", rssBytes);
     m.put("peak_rss_bytes", peakRssBytes);
+    m.put("device_allocated_bytes", deviceAllocatedBytes);
+    m.put("device_reserved_bytes", deviceReservedBytes);
+    m.put("peak_device_allocated_bytes", peakDeviceAllocatedBytes);
+    m.put("peak_device_reserved_bytes", peakDeviceReservedBytes);
     return m;
   }
 

@@ -1,0 +1,56 @@
+// fsdp2/core/strategy/device.h
+//
+// Which device a rank trains on (FSDP2StrategyOptions::device resolved), and
+// how fast low-precision compute is on a CPU.
+#ifndef FSDP2_CORE_STRATEGY_DEVICE_H_
+#define FSDP2_CORE_STRATEGY_DEVICE_H_
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+#include "core/fsdp/mixed_precision.h"
+
+namespace fsdp2 {
+namespace strategy {
+
+// `device` ("auto", "cpu", "cuda" or "cuda:K") for the rank `local_rank` of
+// its host: "auto" is the CPU where no CUDA device is visible, else as
+// "cuda"; "cuda" is GPU local_rank modulo the visible GPUs (ranks beyond
+// the GPUs share them). Throws InvalidArgumentError for another name, a
+// GPU that is not there, or "cuda" where none is visible.
+c10::Device ResolveDevice(const std::string& device, int local_rank);
+
+// How compute in `dtype` (bf16 or fp16) compares with fp32 on a CPU with
+// these /proc/cpuinfo flags (launch::CpuFlags(): " flag flag ... ") and
+// vendor (launch::CpuVendor()):
+//  kEmulated  no native instructions (bf16: AVX512-BF16 or AMX-BF16; fp16:
+//             AVX512-FP16 or AMX-FP16): a GPT step in bf16 was measured 13x
+//             slower than in fp32 on an AVX2 CPU;
+//  kNoFaster  bf16 on an Intel CPU with AVX512-BF16 but no AMX-BF16 (Cooper
+//             Lake, or a newer Xeon whose hypervisor hides AMX): its bf16 dot
+//             product does the work of its two fp32 FMA units and no more;
+//             oneDNN's bf16 matmuls ran at 0.6x of OpenBLAS's fp32 (80
+//             against 122-142 GFLOP/s on one core of a Xeon model 207) and
+//             a GPT step at 0.7x of fp32's speed;
+//  kFaster    otherwise: AMX, or AVX512-BF16 on AMD (Zen 4, whose fp32 units
+//             are 256 bits wide: bf16 matmuls at 3x fp32 measured); also
+//             other dtypes and an unknown CPU (no flags), of which nothing
+//             is claimed.
+// parallelize() warns on rank 0 when the policy's param_dtype is not
+// kFaster; the policy stays as asked.
+enum class LowPrecisionSpeed { kFaster, kNoFaster, kEmulated };
+LowPrecisionSpeed LowPrecisionSpeedOn(at::ScalarType dtype,
+                                      const std::string& cpu_flags,
+                                      const std::string& cpu_vendor);
+
+// Rank 0 (`rank`) says once on stderr when `mp`'s compute dtype would train
+// slower than fp32 on this CPU (LowPrecisionSpeedOn); the policy stays as
+// asked. For ranks training on the CPU.
+void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank);
+
+}  // namespace strategy
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_STRATEGY_DEVICE_H_
