@@ -14,6 +14,7 @@ strategy::FSDP2StrategyOptions TestStrategyOptions(uint64_t seed, uint64_t sampl
   o.seed = seed;
   o.data_sampler.seed = sampler_seed;
   o.timeout = std::chrono::seconds(60);
+  o.device = "cpu";  // the same tests on a machine with a GPU (tests/gpu_test.cc uses it)
   return o;
 }
 
@@ -59,11 +60,14 @@ strategy::Batch SelectRows(const strategy::Batch& data, const std::vector<int64_
 
 ReferenceRun TrainOneProcess(strategy::TrainingModule& module, const strategy::Batch& data,
                              const strategy::DistributedSampler& sampler, int steps,
-                             double clip) {
+                             double clip, const at::Device& device) {
+  if (!device.is_cpu()) module.module()->to(device);
   auto optimizer = module.configure_optimizers();
   ReferenceRun run;
   for (int i = 0; i < steps; ++i) {
-    at::Tensor loss = module.training_step(SelectRows(data, sampler.global_batch(i)), i);
+    strategy::Batch batch = SelectRows(data, sampler.global_batch(i));
+    for (auto& t : batch) t = t.to(device);
+    at::Tensor loss = module.training_step(batch, i);
     loss.backward();
     if (clip > 0) {
       run.grad_norms.push_back(

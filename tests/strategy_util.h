@@ -59,9 +59,10 @@ strategy::Batch SelectRows(const strategy::Batch& data, const std::vector<int64_
 struct ReferenceRun {
   std::vector<double> losses, grad_norms;
 };
+// On `device` (a GPU): the module is moved there first and each batch copied.
 ReferenceRun TrainOneProcess(strategy::TrainingModule& module, const strategy::Batch& data,
                              const strategy::DistributedSampler& sampler, int steps,
-                             double clip = 0);
+                             double clip = 0, const at::Device& device = at::kCPU);
 
 }  // namespace testing
 }  // namespace fsdp2

@@ -1,0 +1,223 @@
+// FSDP2Strategy on CUDA tensors, where a GPU is: one rank, and two ranks
+// sharing the one GPU through the host-staged transport (NCCL refuses two
+// ranks on one device; this runs the engine's multi-rank logic, gathers,
+// reduce-scatters and clipping across shards, on CUDA tensors), each equal to
+// one process training the same model on the same GPU; activation
+// checkpointing bit-identical to training without it; checkpoints that move
+// between the GPU and the CPU both ways. Built in every run; where no CUDA
+// device is visible it prints a SKIPPED: line and runs nothing.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <string>
+#include <vector>
+
+#include "core/models/gpt_module.h"
+#include "core/strategy/fsdp2_strategy.h"
+#include "tests/harness/multi_process.h"
+#include "tests/strategy_util.h"
+#include "tests/training_util.h"
+
+namespace fsdp2 {
+namespace testing {
+namespace {
+
+constexpr uint64_t kSeed = 5;
+constexpr uint64_t kSamplerSeed = 11;
+constexpr int64_t kRows = 64;
+constexpr int64_t kGlobalBatch = 8;
+
+models::GPTConfig Config() {
+  models::GPTConfig c = TinyGPT();
+  c.n_embd = 32;
+  c.n_head = 4;
+  return c;
+}
+
+// FSDP2_GPU_TEST_DRY_RUN=1: every "cuda" below is the CPU and "nccl" gloo,
+// so that the tests' own logic runs on a machine without a GPU.
+bool DryRun() {
+  const char* v = std::getenv("FSDP2_GPU_TEST_DRY_RUN");
+  return v != nullptr && std::string(v) == "1";
+}
+std::string Device(const std::string& name) { return DryRun() && name == "cuda" ? "cpu" : name; }
+std::string Backend(const std::string& name) { return DryRun() ? "gloo" : name; }
+
+at::ScalarType DtypeOf(const std::string& name) {
+  return name == "f64" ? at::kDouble : at::kFloat;
+}
+
+strategy::DistributedSamplerOptions Sampler() {
+  return TestSamplerOptions(kSamplerSeed, kGlobalBatch);
+}
+
+// args: device backend dtype(f32|f64) activation_checkpointing(0|1) steps
+//       save_dir|- load_dir|-
+// Writes losses<rank>.txt, params.pt (rank 0: the full parameters after
+// training, on the CPU, in named_parameters() order) and device<rank>.txt
+// (the device and its peak allocated bytes).
+FSDP2_SCENARIO(gpu_train) {
+  strategy::FSDP2StrategyOptions o = TestStrategyOptions(kSeed, kSamplerSeed);
+  o.device = Device(args.at(0));
+  o.backend = Backend(args.at(1));
+  if (args.at(3) == "1") o.activation_checkpointing = fsdp::ActivationCheckpointing::Full();
+  const int steps = std::stoi(args.at(4));
+  const std::string save = args.at(5), load = args.at(6);
+  strategy::FSDP2Strategy s(o);
+  s.setup_environment();
+  auto module = std::make_shared<models::GPTModule>(Config(), TestOptimizer("adamw"),
+                                                    DtypeOf(args.at(2)));
+  s.connect(module);
+  s.parallelize();
+  if (load != "-") s.load_checkpoint(load);
+  const int rank = s.world()->rank();
+  auto loader = s.process_dataloader(TokenWindows(Config().vocab_size, kRows), kGlobalBatch);
+  std::ofstream out(WorkerOutDir() + "/losses" + std::to_string(rank) + ".txt");
+  out.precision(17);
+  for (int i = 0; i < steps; ++i) {
+    at::Tensor loss = s.training_step(loader.batch(i), i);
+    Check(loss.device() == s.device(), "the loss on the strategy's device");
+    s.backward(loss);
+    s.optimizer_step(/*max_grad_norm=*/1.0);
+    out << s.reduce(loss).item<double>() << "\n";
+  }
+  for (const auto& p : module->module()->parameters()) {
+    Check(p.device() == s.device(), "every parameter shard on the strategy's device");
+  }
+  if (save != "-") s.save_checkpoint(save);
+  const auto stats = s.memory_stats();
+  std::ofstream(WorkerOutDir() + "/device" + std::to_string(rank) + ".txt")
+      << s.device().str() << " " << stats.peak_device_allocated_bytes << "\n";
+  auto full = s.lightning_module_state_dict(/*rank0_only=*/true);
+  if (rank == 0) {
+    std::vector<at::Tensor> values;
+    for (auto& kv : full) values.push_back(kv.second.to(at::kCPU));
+    torch::save(values, WorkerOutDir() + "/params.pt");
+  }
+  s.barrier();
+  s.teardown();
+}
+
+struct TrainResult {
+  std::vector<double> losses;
+  std::vector<at::Tensor> params;
+};
+
+TrainResult Launch(int n, std::vector<std::string> args) {
+  const std::string device = Device(args.at(0));
+  LaunchOptions o;
+  o.world_size = n;
+  o.scenario = "gpu_train";
+  o.args = std::move(args);
+  LaunchResult r = LaunchRanks(o);
+  EXPECT_TRUE(r.ok()) << r.Describe();
+  TrainResult run;
+  if (!r.ok()) return run;
+  run.losses = ReadNumbers(r.out_dir + "/losses0.txt");
+  for (int rank = 1; rank < n; ++rank) {
+    EXPECT_EQ(ReadNumbers(r.out_dir + "/losses" + std::to_string(rank) + ".txt"), run.losses);
+  }
+  const std::string used = ReadFile(r.out_dir + "/device0.txt");
+  EXPECT_EQ(used.rfind(device, 0), 0u) << used;
+  if (device != "cpu") {
+    EXPECT_GT(std::stoll(used.substr(used.find(' ') + 1)), 0)
+        << "the CUDA allocator's peak, through memory_stats()";
+  }
+  torch::load(run.params, r.out_dir + "/params.pt");
+  return run;
+}
+
+// One process on the GPU, no FSDP: the same model, seed, batches, clipping.
+TrainResult OneProcessOnGpu(at::ScalarType dtype, int steps) {
+  torch::manual_seed(kSeed);
+  models::GPTModule module(Config(), TestOptimizer("adamw"), dtype);
+  const strategy::DistributedSampler sampler(kRows, 0, 1, Sampler());
+  TrainResult run;
+  run.losses = TrainOneProcess(module, TokenWindows(Config().vocab_size, kRows), sampler, steps,
+                               /*clip=*/1.0, at::Device(Device("cuda")))
+                   .losses;
+  for (const auto& p : module.module()->parameters()) run.params.push_back(p.detach().cpu());
+  return run;
+}
+
+// Losses within `rel` of each other; parameters within `rel` of their
+// largest value, or `abs` (float32: AdamW turns the rounding of a near-zero
+// gradient into an update of up to lr, so small parameters differ by a
+// fraction of a step).
+void ExpectClose(const TrainResult& got, const TrainResult& want, double rel, double abs,
+                 const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], rel * std::abs(want.losses[i]))
+        << what << ", step " << i;
+  }
+  ASSERT_EQ(got.params.size(), want.params.size()) << what;
+  for (size_t i = 0; i < want.params.size(); ++i) {
+    const double scale = want.params[i].abs().max().item<double>() + 1e-30;
+    const double diff = (got.params[i].to(at::kDouble) - want.params[i].to(at::kDouble))
+                            .abs().max().item<double>();
+    EXPECT_LE(diff, std::max(rel * scale, abs)) << what << ", parameter " << i;
+  }
+}
+
+TEST(Gpu, OneRankTrainsLikeOneProcess) {
+  const TrainResult want = OneProcessOnGpu(at::kDouble, 5);
+  ExpectClose(Launch(1, {"cuda", "nccl", "f64", "0", "5", "-", "-"}), want, 1e-10, 0,
+              "N=1 on cuda, float64");
+  const TrainResult want32 = OneProcessOnGpu(at::kFloat, 5);
+  ExpectClose(Launch(1, {"cuda", "nccl", "f32", "0", "5", "-", "-"}), want32, 1e-5, 1e-4,
+              "N=1 on cuda, float32 (lr 1e-2)");
+}
+
+TEST(Gpu, TwoRanksSharingTheGpuTrainLikeOneProcess) {
+  const TrainResult want = OneProcessOnGpu(at::kDouble, 5);
+  ExpectClose(Launch(2, {"cuda", "gloo", "f64", "0", "5", "-", "-"}), want, 1e-10, 0,
+              "N=2 on one GPU (host-staged), float64");
+}
+
+TEST(Gpu, ActivationCheckpointingIsBitIdentical) {
+  const TrainResult plain = Launch(1, {"cuda", "nccl", "f32", "0", "4", "-", "-"});
+  const TrainResult recomputed = Launch(1, {"cuda", "nccl", "f32", "1", "4", "-", "-"});
+  EXPECT_EQ(recomputed.losses, plain.losses);
+  ASSERT_EQ(recomputed.params.size(), plain.params.size());
+  for (size_t i = 0; i < plain.params.size(); ++i) {
+    EXPECT_TRUE(recomputed.params[i].equal(plain.params[i])) << "parameter " << i;
+  }
+}
+
+TEST(Gpu, CheckpointsMoveBetweenGpuAndCpu) {
+  const std::string dir = ::testing::TempDir() + "/gpu_ckpt";
+  for (const auto& [from, to] : {std::make_pair("cuda", "cpu"), std::make_pair("cpu", "cuda")}) {
+    SCOPED_TRACE(std::string(from) + " -> " + to);
+    const std::string a = dir + "/" + from;
+    const TrainResult saved = Launch(2, {from, "gloo", "f32", "0", "2", a, "-"});
+    const TrainResult loaded = Launch(1, {to, "gloo", "f32", "0", "0", "-", a});
+    ASSERT_EQ(loaded.params.size(), saved.params.size());
+    for (size_t i = 0; i < saved.params.size(); ++i) {
+      EXPECT_TRUE(loaded.params[i].equal(saved.params[i])) << "parameter " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace fsdp2
+
+int main(int argc, char** argv) {
+  bool worker = false;
+  for (int i = 1; i < argc; ++i) worker = worker || std::strcmp(argv[i], "--fsdp2_worker") == 0;
+  if (!worker && !torch::cuda::is_available() && !fsdp2::testing::DryRun()) {
+    std::printf("SKIPPED: gpu_test: no CUDA device is visible%s\n",
+                at::hasCUDA() ? "" : " (and this LibTorch has no CUDA)");
+    return 0;
+  }
+  return fsdp2::testing::TestMain(argc, argv);
+}
