@@ -34,6 +34,9 @@ class CausalSelfAttention(nn.Module):
         hd = C // self.n_head
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, hd).transpose(1, 2) for t in (q, k, v))
+        if x.is_cuda:  # as core/models/gpt.cc: fused attention on a GPU
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         att = att.masked_fill(causal, float("-inf")).softmax(dim=-1)

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The GPU check: fsdp2 on one NVIDIA GPU against PyTorch's eager training and
+# PyTorch's own FSDP2, from binaries built on a CPU machine.
+#
+#   bench/gpu_check/gpu_check.sh pack           # here: build -c opt, strip, bundle
+#   bench/gpu_check/gpu_check.sh run            # on the GPU machine, from the tree
+#   bench/gpu_check/gpu_check.sh run --dry-run  # here: the same steps on the CPU, tiny sizes
+#
+# pack builds //examples:train, //tests:gpu_test and //tests:nccl_transport_test
+# with -c opt, strips them and copies them with the shared libraries they need
+# that are neither LibTorch's, NVIDIA's nor the system's (Bazel's own
+# libraries of our code) into gpu_bundle/ (under 64 MiB; git ignores it, so
+# a device run carries it).
+#
+# run prints one table (and writes it, with the full log, to $OUT, default
+# /tmp/gpu_check):
+#   - the GPU, its driver, CUDA and torch versions;
+#   - the GPU tests (gpu_test, nccl_transport_test): passed, failed or skipped;
+#   - fp32: the losses of the first 10 steps of fsdp2's main job and of eager
+#     PyTorch from the same initial weights on the same batches, and their
+#     largest relative difference (target: 1e-4);
+#   - bf16, N = 1, GPT-2 small (12 x 768, 12 heads, vocabulary 50304, T 1024):
+#     tokens/s, MFU (6 x parameters x tokens/s over the card's dense bf16
+#     peak, 989 TFLOP/s for an H100 or H200 SXM) and peak GPU memory of
+#     fsdp2, eager PyTorch under autocast and PyTorch's FSDP2 (fully_shard,
+#     AdamW fused and foreach;
+#     MixedPrecisionPolicy bf16/fp32, fp32 logits), and fsdp2's ratios to them;
+#     fsdp2 with activation checkpointing too.
+# The loader finds LibTorch and NCCL in the Python environment that has torch
+# (FSDP2_GPU_PYTHON, default /opt/torch/.venv/bin/python3, or the project's
+# venv in a dry run).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUNDLE="$ROOT/gpu_bundle"
+HERE="$ROOT/bench/gpu_check"
+
+pack() {
+  set -e
+  cd "$ROOT"
+  local targets=(//examples:train //tests:gpu_test //tests:nccl_transport_test)
+  bazel build -c opt ${FSDP2_BAZEL_FLAGS:-} "${targets[@]}"
+  rm -rf "$BUNDLE"
+  mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
+  local bin
+  bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
+  for t in examples/train tests/gpu_test tests/nccl_transport_test; do
+    cp "$bin/$t" "$BUNDLE/bin/"
+    chmod u+w "$BUNDLE/bin/$(basename "$t")"
+    strip --strip-unneeded "$BUNDLE/bin/$(basename "$t")"
+    # Libraries of our own (Bazel's _solib_ directories): everything the
+    # loader finds outside the system, LibTorch and NVIDIA's wheels.
+    ldd "$bin/$t" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+      case "$lib" in
+        /lib/* | /usr/lib/* | /lib64/* | */site-packages/torch/lib/* | */site-packages/nvidia/* | */site-packages/torch/../nvidia/*) ;;
+        *) cp -L "$lib" "$BUNDLE/lib/" && chmod u+w "$BUNDLE/lib/$(basename "$lib")" &&
+             strip --strip-unneeded "$BUNDLE/lib/$(basename "$lib")" ;;
+      esac
+    done
+  done
+  echo "gpu_bundle: $(du -sh "$BUNDLE" | cut -f1) ($(ls "$BUNDLE/bin" | tr '\n' ' ')+ $(ls "$BUNDLE/lib" | wc -l) libraries)"
+}
+
+run() {
+  local dry=0
+  [[ "${1:-}" == "--dry-run" ]] && dry=1
+  local out="${OUT:-/tmp/gpu_check}"
+  mkdir -p "$out"
+  local log="$out/gpu_check.log"
+  : >"$log"
+  local py="${FSDP2_GPU_PYTHON:-/opt/torch/.venv/bin/python3}"
+  [[ $dry == 1 ]] && py="${FSDP2_GPU_PYTHON:-/opt/fsdp2/venv/bin/python3}"
+  [[ -x "$py" ]] || { echo "gpu_check: no Python with torch at $py (FSDP2_GPU_PYTHON)"; return 2; }
+  [[ -x "$BUNDLE/bin/train" ]] || { echo "gpu_check: no $BUNDLE/bin/train: run '$0 pack' first"; return 2; }
+  local site
+  site="$("$py" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')"
+  local libs="$BUNDLE/lib:$site/torch/lib"
+  for d in "$site"/nvidia/*/lib; do [[ -d "$d" ]] && libs="$libs:$d"; done
+  export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export FSDP2_ALLOCATOR=system OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+  unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+
+  # Sizes: GPT-2 small on the GPU; a tiny GPT on the CPU in a dry run.
+  local device=cuda sizes=(--n-layer 12 --n-embd 768 --n-head 12 --block-size 1024 --vocab-size 50304)
+  local batch=8 warmup=5 steps=20 loss_steps=10
+  if [[ $dry == 1 ]]; then
+    device=cpu
+    sizes=(--n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --vocab-size 256)
+    batch=4 warmup=1 steps=3 loss_steps=4
+  fi
+  local ref="$HERE/torch_reference.py"
+  local train=(timeout 300 "$BUNDLE/bin/train" --nproc 1 --device "$device" --data synthetic
+               "${sizes[@]}" --batch-size "$batch" --lr 3e-4 --val-every 1000000
+               --progress-bar 0 --seed 1337 --init-from "$out/init.safetensors")
+  step() { echo "== $*" >>"$log"; echo "== $*"; }
+
+  step versions
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+      echo "no nvidia-smi"
+    "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+"nccl", ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-",
+"gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
+  } >"$out/versions.txt" 2>&1
+  cat "$out/versions.txt" >>"$log"
+
+  step tests
+  local t
+  for t in nccl_transport_test gpu_test; do
+    timeout 240 "$BUNDLE/bin/$t" >"$out/$t.log" 2>&1
+    local rc=$?
+    if grep -q '^SKIPPED:' "$out/$t.log"; then echo "$t SKIPPED" >>"$out/tests.txt"
+    elif [[ $rc == 0 ]]; then echo "$t PASSED ($(grep -c '^\[       OK \]' "$out/$t.log") cases)" >>"$out/tests.txt"
+    else echo "$t FAILED (exit $rc; $(grep -c '^\[  FAILED  \]' "$out/$t.log") failed lines)" >>"$out/tests.txt"; fi
+    cat "$out/$t.log" >>"$log"
+  done
+
+  step init
+  "$py" "$ref" init "${sizes[@]}" --seed 1337 --out "$out/init.safetensors" >>"$log" 2>&1 ||
+    echo "init failed" >>"$log"
+
+  step "fp32 losses"
+  FSDP2_BACKEND=nccl "${train[@]}" --mixed-precision fp32 --steps "$loss_steps" \
+    --out-dir "$out/fsdp2_fp32" >"$out/fsdp2_fp32.log" 2>&1
+  cat "$out/fsdp2_fp32.log" >>"$log"
+  "$py" "$ref" train --mode eager --precision fp32 "${sizes[@]}" --seed 1337 --device "$device" \
+    --init "$out/init.safetensors" --batch-size "$batch" --steps "$loss_steps" --warmup 0 \
+    --json "$out/eager_fp32.json" >>"$log" 2>&1
+
+  step "bf16 speed"
+  FSDP2_BACKEND=nccl "${train[@]}" --mixed-precision bf16 --steps $((warmup + steps)) \
+    --out-dir "$out/fsdp2_bf16" >"$out/fsdp2_bf16.log" 2>&1
+  cat "$out/fsdp2_bf16.log" >>"$log"
+  FSDP2_BACKEND=nccl "${train[@]}" --mixed-precision bf16 --steps $((warmup + steps)) \
+    --activation-checkpointing 1 --out-dir "$out/fsdp2_bf16_ac" >"$out/fsdp2_bf16_ac.log" 2>&1
+  cat "$out/fsdp2_bf16_ac.log" >>"$log"
+  # PyTorch with AdamW fused (fsdp2's choice on a GPU) and, for FSDP2 (whose
+  # parameters are DTensors), foreach too: PyTorch at its best.
+  for run in eager:fused fsdp2:fused fsdp2:foreach; do
+    "$py" "$ref" train --mode "${run%%:*}" --adamw "${run##*:}" --precision bf16 "${sizes[@]}" \
+      --seed 1337 --device "$device" --init "$out/init.safetensors" --batch-size "$batch" \
+      --steps "$steps" --warmup "$warmup" --json "$out/${run%%:*}_${run##*:}_bf16.json" >>"$log" 2>&1
+  done
+
+  "$py" "$HERE/table.py" --out "$out" --warmup "$warmup" --batch-size "$batch" \
+    --block-size "$(printf '%s\n' "${sizes[@]}" | sed -n '/--block-size/{n;p}')" | tee "$out/table.md"
+  cat "$out/table.md" >>"$log"
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  run) shift; run "$@" ;;
+  *) echo "usage: $0 pack | run [--dry-run]"; exit 2 ;;
+esac

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The GPU check's table (bench/gpu_check/gpu_check.sh writes its inputs to
+--out): versions, tests, fp32 losses of fsdp2 against eager PyTorch, bf16
+speed and memory of fsdp2, eager PyTorch and PyTorch's FSDP2, and ratios."""
+import argparse
+import json
+import os
+import re
+import statistics
+
+# Dense bf16 peaks (no sparsity), FLOP/s, by the name nvidia-smi gives.
+PEAKS = [("H200", 989e12, "H200 SXM dense bf16, 989 TFLOP/s"),
+         ("H100", 989e12, "H100 SXM dense bf16, 989 TFLOP/s")]
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def fsdp2_run(out, name, warmup):
+    rows = [json.loads(line) for line in read(os.path.join(out, name, "metrics.jsonl")).splitlines()
+            if line.strip()]
+    log = read(os.path.join(out, name + ".log"))
+    peak = re.search(r"peak allocated ([0-9.]+) MiB", log)
+    if not rows:
+        return None
+    timed = [r["step_ms"] / 1e3 for r in rows[warmup:]] or [r["step_ms"] / 1e3 for r in rows]
+    return {"losses": [r["loss"] for r in rows], "median_step_s": statistics.median(timed),
+            "peak_allocated_bytes": float(peak.group(1)) * 2**20 if peak else None}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--warmup", type=int, required=True)
+    p.add_argument("--batch-size", type=int, required=True)
+    p.add_argument("--block-size", type=int, required=True)
+    a = p.parse_args()
+    tokens = a.batch_size * a.block_size
+    versions = read(os.path.join(a.out, "versions.txt")).strip()
+    peak = next(((f, what) for name, f, what in PEAKS if name in versions), (None, None))
+    lines = ["# fsdp2 GPU check", "", "```", versions, "```", "",
+             "| test | result |", "|---|---|"]
+    for line in read(os.path.join(a.out, "tests.txt")).splitlines():
+        name, _, result = line.partition(" ")
+        lines.append(f"| {name} | {result} |")
+
+    f32 = fsdp2_run(a.out, "fsdp2_fp32", 0)
+    e32 = load_json(os.path.join(a.out, "eager_fp32.json"))
+    lines += ["", "fp32, the same initial weights and batches:", "",
+              "| step | fsdp2 loss | eager PyTorch loss | rel. difference |", "|---|---|---|---|"]
+    worst = None
+    if f32 and e32:
+        for i, (x, y) in enumerate(zip(f32["losses"], e32["losses"])):
+            rel = abs(x - y) / abs(y)
+            worst = rel if worst is None else max(worst, rel)
+            lines.append(f"| {i + 1} | {x:.6f} | {y:.6f} | {rel:.1e} |")
+        lines.append(f"| largest | | | **{worst:.1e}** ({'met' if worst <= 1e-4 else 'NOT met'}: 1e-4) |")
+    else:
+        lines.append(f"| - | {'ok' if f32 else 'missing'} | {'ok' if e32 else 'missing'} | |")
+
+    params = None
+    runs = [("fsdp2", fsdp2_run(a.out, "fsdp2_bf16", a.warmup))]
+    with_ac = ("fsdp2, activation checkpointing", fsdp2_run(a.out, "fsdp2_bf16_ac", a.warmup))
+    for name, label in (("eager_fused", "eager PyTorch (autocast, AdamW fused)"),
+                        ("fsdp2_fused", "PyTorch FSDP2 (AdamW fused)"),
+                        ("fsdp2_foreach", "PyTorch FSDP2 (AdamW foreach)")):
+        r = load_json(os.path.join(a.out, f"{name}_bf16.json"))
+        if r:
+            params = r["params"]
+        runs.append((label, r))
+    lines += ["", f"bf16, N = 1, {a.batch_size} x {a.block_size} tokens a step"
+              + (f", {params / 1e6:.1f}M parameters" if params else "") + ":", "",
+              "| run | step (median) | tokens/s | MFU | peak GPU memory (allocated) |",
+              "|---|---|---|---|---|"]
+    for label, r in runs + [with_ac]:
+        if not r:
+            lines.append(f"| {label} | failed | | | |")
+            continue
+        tps = tokens / r["median_step_s"]
+        mfu = f"{6 * params * tps / peak[0] * 100:.1f}%" if peak[0] and params else "n/a"
+        mem = r.get("peak_allocated_bytes")
+        lines.append(f"| {label} | {r['median_step_s'] * 1e3:.1f} ms | {tps:,.0f} | {mfu} | "
+                     + (f"{mem / 2**30:.2f} GiB |" if mem else "n/a |"))
+    if runs[0][1]:
+        mine = runs[0][1]
+        for label, r in runs[1:]:
+            if r:
+                speed = r["median_step_s"] / mine["median_step_s"]
+                mem = (f"{mine['peak_allocated_bytes'] / r['peak_allocated_bytes']:.2f}x"
+                       if mine.get("peak_allocated_bytes") and r.get("peak_allocated_bytes") else "n/a")
+                lines.append(f"| fsdp2 / {label} | | **{speed:.2f}x** | | {mem} |")
+    if runs[0][1] and runs[1][1]:
+        lines += ["", "bf16 losses, first steps (fsdp2 / eager PyTorch under autocast): "
+                  + ", ".join(f"{x:.4f} / {y:.4f}"
+                              for x, y in zip(runs[0][1]["losses"][:3], runs[1][1]["losses"][:3]))]
+    lines += ["", f"MFU peak: {peak[1] or 'unknown card: not stated'}"]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
