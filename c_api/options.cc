@@ -75,7 +75,7 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
         ok = true;
       }
       if (!ok) {
-        throw InvalidArgumentError("device must be \"auto\", \"cpu\", \"cuda\" or "
+        throw fsdp2::InvalidArgumentError("device must be \"auto\", \"cpu\", \"cuda\" or "
                                    "\"cuda:K\", got " + v.dump());
       }
       o.device = d == "auto" ? FSDP2_DEVICE_AUTO : d == "cpu" ? FSDP2_DEVICE_CPU : FSDP2_DEVICE_CUDA;

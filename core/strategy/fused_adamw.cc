@@ -142,6 +142,19 @@ bool AlikeOnGpu(const at::Tensor& t, const at::Tensor& p) {
 
 }  // namespace
 
+torch::optim::AdamWParamState& FusedAdamW::state_of(const at::Tensor& p) {
+  void* const key = p.unsafeGetTensorImpl();
+  auto found = state_.find(key);
+  if (found == state_.end()) {
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(0);
+    state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+    state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+    found = state_.emplace(key, std::move(state)).first;
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*found->second);
+}
+
 bool FusedAdamW::step_on_gpu() {
   bool any = false;
   for (const auto& group : param_groups()) {
@@ -178,16 +191,7 @@ bool FusedAdamW::step_on_gpu() {
     std::map<std::tuple<int, int, int64_t>, Lists> batches;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      void* const key = p.unsafeGetTensorImpl();
-      auto found = state_.find(key);
-      if (found == state_.end()) {
-        auto state = std::make_unique<torch::optim::AdamWParamState>();
-        state->step(0);
-        state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        found = state_.emplace(key, std::move(state)).first;
-      }
-      auto& state = static_cast<torch::optim::AdamWParamState&>(*found->second);
+      auto& state = state_of(p);
       state.step(state.step() + 1);
       Lists& b = batches[{p.device().index(), static_cast<int>(p.scalar_type()), state.step()}];
       b.params.push_back(p);
@@ -238,16 +242,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor& grad = p.grad();
-      void* const key = p.unsafeGetTensorImpl();
-      auto found = state_.find(key);
-      if (found == state_.end()) {
-        auto state = std::make_unique<torch::optim::AdamWParamState>();
-        state->step(0);
-        state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        found = state_.emplace(key, std::move(state)).first;
-      }
-      auto& state = static_cast<torch::optim::AdamWParamState&>(*found->second);
+      auto& state = state_of(p);
       at::Tensor& exp_avg = state.exp_avg();
       at::Tensor& exp_avg_sq = state.exp_avg_sq();
       state.step(state.step() + 1);

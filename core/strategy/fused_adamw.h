@@ -39,6 +39,9 @@ class FusedAdamW : public torch::optim::AdamW {
   at::Tensor step(LossClosure closure = nullptr) override;
 
  private:
+  // `p`'s state, made as LibTorch's AdamW makes it (step 0, zero moments)
+  // if it has none yet.
+  torch::optim::AdamWParamState& state_of(const at::Tensor& p);
   // On CUDA (every parameter with a gradient a dense contiguous float,
   // double, half or bf16 CUDA tensor, its gradient and state alike, no
   // amsgrad): the step as PyTorch's AdamW(fused=True) takes it, one

@@ -111,7 +111,7 @@ class FSDP2StrategyTest {
     long[][] g = TrainWorker.globalBatch(0);
     Tensor tokens = Tensor.ofLongs(g[0], TrainWorker.ROWS, TrainWorker.BLOCK);
     Tensor targets = Tensor.ofLongs(g[1], TrainWorker.ROWS, TrainWorker.BLOCK);
-    FSDP2Strategy s = FSDP2Strategy.builder().precision("fp32").build();
+    FSDP2Strategy s = FSDP2Strategy.builder().precision("fp32").device("cpu").build();
     expect(Status.WRONG_ORDER, "setup_environment", s::parallelize);
     s.setupEnvironment();
     expect(Status.WRONG_ORDER, "parallelize", () -> s.trainingStep(0, tokens, targets));
@@ -142,7 +142,8 @@ class FSDP2StrategyTest {
     MemoryStats trained = s.memoryStats();
     assertEquals(2 * trained.shardedParamBytes, trained.optimizerStateBytes, "AdamW: " + trained);
     assertEquals(trained.totalParamBytes, trained.toMap().get("total_param_bytes"));
-    assertEquals(9, trained.toMap().size());
+    assertEquals(13, trained.toMap().size());
+    assertEquals(0L, (long) trained.toMap().get("peak_device_allocated_bytes"));  // on the CPU
     assertTrue(trained.peakRssBytes >= trained.rssBytes && trained.rssBytes > 0, "" + trained);
     s.resetPeakMemoryStats();
 
