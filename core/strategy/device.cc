@@ -11,6 +11,17 @@
 
 namespace fsdp2 {
 namespace strategy {
+namespace {
+
+// Whether this build links LibTorch's CUDA (at::hasCUDA() says whether a
+// device is usable, which a CUDA build without a GPU is not).
+#ifdef FSDP2_WITH_CUDA
+constexpr bool kCudaBuild = true;
+#else
+constexpr bool kCudaBuild = false;
+#endif
+
+}  // namespace
 
 at::Device ResolveDevice(const std::string& device, int local_rank) {
   const auto accelerator = at::accelerator::getAccelerator(/*checked=*/false);
@@ -40,8 +51,8 @@ at::Device ResolveDevice(const std::string& device, int local_rank) {
   if (gpus == 0) {
     throw InvalidArgumentError(
         "FSDP2Strategy: device '" + device + "' but this process sees no CUDA device (" +
-        std::string(at::hasCUDA() ? "none visible: check CUDA_VISIBLE_DEVICES and the driver"
-                                  : "this LibTorch has no CUDA") +
+        std::string(kCudaBuild ? "none visible: check CUDA_VISIBLE_DEVICES and the driver"
+                               : "this LibTorch has no CUDA") +
         "); use device \"cpu\" or \"auto\"");
   }
   if (index >= gpus) {
