@@ -6,6 +6,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
+#include <cmath>
+
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/models/gpt.h"
@@ -262,6 +264,145 @@ TEST(FullyShard, SteadyStateTrainingAllocatesNoUnitBuffers) {
     auto r = LaunchScenario("steady_state_buffers", 2, {strategy, "ac"}, std::chrono::seconds(120));
     EXPECT_TRUE(r.ok()) << strategy << " with activation checkpointing\n" << r.Describe();
   }
+}
+
+TEST(FullyShard, BadControlsAreErrors) {
+  auto o = Options(SingleRankMesh());
+  o.forward_prefetch = -1;
+  torch::nn::Linear a(4, 4);
+  try {
+    fsdp::fully_shard(a, o);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("forward_prefetch -1"), std::string::npos)
+        << e.what();
+  }
+  o = Options(SingleRankMesh());
+  o.backward_prefetch = -2;
+  EXPECT_THROW(fsdp::fully_shard(a, o), std::invalid_argument);
+  for (double factor : {0.0, -1.0, std::nan("")}) {
+    o = Options(SingleRankMesh());
+    o.gradient_divide_factor = factor;
+    try {
+      fsdp::fully_shard(a, o);
+      FAIL() << "expected std::invalid_argument for " << factor;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("gradient_divide_factor"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_FALSE(fsdp::unit_of(*a)) << "a refused module stays unsharded";
+  fsdp::fully_shard(a, Options(SingleRankMesh()));
+  EXPECT_THROW(fsdp::set_gradient_divide_factor(*a, 0), std::invalid_argument);
+  torch::nn::Linear plain(4, 4);
+  EXPECT_THROW(fsdp::unshard(*plain), std::invalid_argument);
+  EXPECT_THROW(fsdp::reshard(*plain), std::invalid_argument);
+}
+
+TEST(FullyShard, IgnoredParametersStayWholeAndUnreduced) {
+  torch::nn::Sequential seq(torch::nn::Linear(4, 6), torch::nn::Linear(6, 2));
+  auto o = Options(SingleRankMesh());
+  const at::Tensor ignored = seq[1]->named_parameters()["weight"];
+  o.ignored_params = {ignored, at::zeros({3})};  // a stranger is passed over
+  o.mp_policy.param_dtype = at::kDouble;  // a cast the ignored one escapes
+  seq->to(at::kDouble);
+  fsdp::fully_shard(seq.ptr(), o);
+  const auto stats = fsdp::memory_stats(*seq);
+  EXPECT_EQ(stats.total_param_numel, 4 * 6 + 6 + 2) << "the ignored weight is not FSDP's";
+  EXPECT_TRUE(seq->named_parameters()["1.weight"].is_same(ignored));
+  fsdp::forward(seq, at::randn({3, 4}, at::kDouble)).sum().backward();
+  EXPECT_TRUE(ignored.grad().defined());
+  EXPECT_EQ(ignored.grad().sizes(), ignored.sizes());
+}
+
+// Explicit unshard()/reshard() on 2 ranks: an async all-gather makes a
+// block whole before its forward, which then reshards it as its options
+// say; a step with them equals one without, bit for bit. args: strategy.
+FSDP2_SCENARIO(explicit_unshard) {
+  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  auto build = [&] {
+    torch::manual_seed(11);
+    models::GPT gpt(TinyGPT());
+    gpt->to(at::kDouble);
+    fsdp::FSDPOptions o = DataParallelOptions(world);
+    o.strategy = fsdp::ParseShardingStrategy(args.at(0));
+    for (size_t i = 0; i < gpt->blocks->size(); ++i) fsdp::fully_shard(gpt->block(i), o);
+    fsdp::fully_shard(gpt, o);
+    return gpt;
+  };
+  const auto tokens = TokenWindows(TinyGPT().vocab_size, 4);
+  auto plain = build();
+  models::LanguageModelLoss(fsdp::forward(plain, tokens[0]), tokens[1]).backward();
+  fsdp::reshard(*plain);
+
+  auto gpt = build();
+  const auto block = gpt->block(1);
+  const int64_t n_embd = TinyGPT().n_embd;
+  Check(block->fc->weight.numel() == 0, "a block is sharded before its forward");
+  fsdp::UnshardHandle handle = fsdp::unshard(*block, /*async_op=*/true);
+  handle.wait();
+  handle.wait();  // once is enough; again is a no-op
+  Check(block->fc->weight.size(0) == 4 * n_embd && block->fc->weight.size(1) == n_embd,
+        "unshard() gathers the whole weight");
+  Check(fsdp::memory_stats(*gpt).unsharded_param_bytes > 0, "unsharded bytes counted");
+  fsdp::reshard(*block);
+  Check(fsdp::memory_stats(*gpt).unsharded_param_bytes == 0, "reshard() frees them");
+  fsdp::unshard(*block);  // synchronous, before the forward
+  models::LanguageModelLoss(fsdp::forward(gpt, tokens[0]), tokens[1]).backward();
+  Check(fsdp::memory_stats(*gpt).unsharded_param_bytes == 0,
+        "resharded after backward as usual");
+  const auto a = plain->named_parameters(), b = gpt->named_parameters();
+  for (const auto& item : a) {
+    Check(item.value().grad().equal(b[item.key()].grad()),
+          item.key() + ": the same gradient with explicit unshard");
+  }
+}
+
+TEST(FullyShard, ExplicitUnshardAndReshard) {
+  for (const char* strategy : {"full_shard", "shard_grad_op"}) {
+    auto r = LaunchScenario("explicit_unshard", 2, {strategy}, std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << strategy << "\n" << r.Describe();
+  }
+}
+
+// Reduce-scatter per micro-batch with the all-reduce held back (HYBRID_SHARD,
+// 2 replicas x 2 shards): no unsharded gradient outlives its backward, the
+// held-back sum counts as sharded gradient bytes, and the shards' .grad
+// appear only with the all-reduce.
+FSDP2_SCENARIO(held_back_all_reduce) {
+  auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
+  torch::manual_seed(3);
+  models::MLP mlp(models::MLPConfig{});
+  fsdp::FSDPOptions o;
+  o.mesh = comm::DeviceMesh::Create(world, {2, 2}, {"replicate", "shard"});
+  o.strategy = fsdp::ShardingStrategy::kHybridShard;
+  for (size_t i = 0; i < mlp->blocks->size(); ++i) fsdp::fully_shard(mlp->block(i), o);
+  fsdp::fully_shard(mlp, o);
+  fsdp::set_requires_all_reduce(*mlp, false);
+  for (int micro = 0; micro < 2; ++micro) {
+    fsdp::forward(mlp, at::randn({2, 16})).sum().backward();
+    const auto stats = fsdp::memory_stats(*mlp);
+    Check(stats.unsharded_grad_bytes == 0, "unsharded gradients freed at once");
+    // Its padding and one contribution flag per parameter: under 4 KiB.
+    Check(stats.sharded_grad_bytes >= stats.sharded_param_bytes &&
+              stats.sharded_grad_bytes <= stats.sharded_param_bytes + 4096,
+          "the held-back sum is one sharded gradient: " +
+              std::to_string(stats.sharded_grad_bytes) + " bytes for " +
+              std::to_string(stats.sharded_param_bytes) + " of parameters");
+    for (const auto& p : mlp->parameters()) {
+      Check(!p.grad().defined(), "no .grad before the all-reduce");
+    }
+  }
+  fsdp::set_requires_all_reduce(*mlp, true);
+  fsdp::forward(mlp, at::randn({2, 16})).sum().backward();
+  const auto stats = fsdp::memory_stats(*mlp);
+  Check(stats.sharded_grad_bytes == stats.sharded_param_bytes,
+        "the sum went to the shards' .grad");
+}
+
+TEST(FullyShard, HeldBackAllReduceKeepsOnlyShardedGradients) {
+  auto r = LaunchScenario("held_back_all_reduce", 4, {}, std::chrono::seconds(120));
+  EXPECT_TRUE(r.ok()) << r.Describe();
 }
 
 }  // namespace

@@ -156,6 +156,85 @@ TEST(Equivalence, Bf16MixedPrecisionTracksFloat32) {
   ExpectEquivalent(spec, Bounds{2e-2, -1}, {1, 2, 4});
 }
 
+// ---- fully_shard's controls (FSDPOptions, set_requires_all_reduce): each
+// changes when and how the ranks communicate, never what they compute.
+
+// Accumulation that reduce-scatters every micro-batch and all-reduces
+// across the replicas only at the last (HYBRID_SHARD at N = 4 has 2
+// replicas; NO_SHARD replicates over every rank) gives one larger batch.
+TEST(Controls, ReduceScatterEachMicroBatchEqualsOneLargerBatch) {
+  for (const char* strategy : {"hybrid_shard", "no_shard", "full_shard"}) {
+    TrainSpec spec;
+    spec.strategy = strategy;
+    spec.grad_accum = 3;
+    spec.steps = 5;
+    spec.controls = "rs";
+    ExpectEquivalent(spec, kFloat64);
+  }
+}
+
+// Prefetch depths 0 (none) to 3 (more than the tiny GPT's two blocks ahead),
+// forward and backward apart, with every strategy and with activation
+// checkpointing: the same collectives in another order.
+TEST(Controls, PrefetchDepthsLeaveTrainingUnchanged) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"full_shard", "fp=0,bp=0"}, {"full_shard", "fp=2,bp=3"},
+      {"shard_grad_op", "fp=3,bp=2"}, {"hybrid_shard", "fp=2,bp=2"},
+      {"no_shard", "fp=0,bp=2"}};
+  for (const auto& [strategy, controls] : cases) {
+    TrainSpec spec;
+    spec.strategy = strategy;
+    spec.steps = 4;
+    spec.controls = controls;
+    ExpectEquivalent(spec, kFloat64);
+  }
+  TrainSpec ac;
+  ac.steps = 4;
+  ac.ac = "full";
+  ac.controls = "fp=2,bp=2";
+  ExpectEquivalent(ac, kFloat64, {2, 3});
+}
+
+// A divide factor of 1 sums the ranks' gradients: one process with its loss
+// scaled by the world size takes the same SGD steps; with clipping and
+// accumulation too.
+TEST(Controls, GradientDivideFactor) {
+  for (const char* strategy : {"full_shard", "hybrid_shard"}) {
+    TrainSpec spec;
+    spec.strategy = strategy;
+    spec.optimizer = "sgd";
+    spec.steps = 4;
+    spec.controls = "div=1";
+    ExpectEquivalent(spec, kFloat64);
+  }
+  TrainSpec spec;
+  spec.optimizer = "sgd";
+  spec.steps = 4;
+  spec.grad_accum = 2;
+  spec.clip = 0.05;
+  spec.strategy = "hybrid_shard";
+  spec.controls = "rs,div=3";
+  ExpectEquivalent(spec, kFloat64);
+}
+
+// Ignored parameters stay whole on every rank; FSDP leaves their gradient
+// alone and the training loop all-reduces it: one process again, for a
+// parameter of a block unit and one of the root, under accumulation and
+// clipping.
+TEST(Controls, IgnoredParametersAreLeftToTheUser) {
+  for (const char* strategy : {"full_shard", "hybrid_shard", "shard_grad_op"}) {
+    for (const char* name : {"blocks.1.fc.weight", "wpe.weight"}) {
+      TrainSpec spec;
+      spec.strategy = strategy;
+      spec.steps = 4;
+      spec.grad_accum = 2;
+      spec.clip = 0.05;
+      spec.controls = std::string("ignore=") + name;
+      ExpectEquivalent(spec, kFloat64, {1, 2, 4});
+    }
+  }
+}
+
 // Sharded state falls as 1/N: per-rank parameter and gradient bytes are at
 // most ceil(total / N) rows of every parameter.
 TEST(Equivalence, ShardedBytesFallAsOneOverN) {

@@ -201,11 +201,11 @@ std::vector<std::string> TrainSpec::ToArgs() const {
   return {model, strategy, std::to_string(steps), std::to_string(batch_per_rank),
           dtype, mixed_precision, std::to_string(grad_accum), clip_s.str(),
           std::to_string(seed), optimizer, ac, std::to_string(ac_every),
-          std::to_string(dropout)};
+          std::to_string(dropout), controls.empty() ? "-" : controls};
 }
 
 TrainSpec TrainSpec::FromArgs(const std::vector<std::string>& a) {
-  if (a.size() != 13) throw std::invalid_argument("TrainSpec: need 13 args");
+  if (a.size() != 14) throw std::invalid_argument("TrainSpec: need 14 args");
   TrainSpec s;
   s.model = a[0];
   s.strategy = a[1];
@@ -220,6 +220,7 @@ TrainSpec TrainSpec::FromArgs(const std::vector<std::string>& a) {
   s.ac = a[10];
   s.ac_every = std::stoi(a[11]);
   s.dropout = std::stod(a[12]);
+  s.controls = a[13] == "-" ? "" : a[13];
   return s;
 }
 
@@ -232,8 +233,45 @@ std::string TrainSpec::Name() const {
   if (optimizer != "adamw") s << "/" << optimizer;
   if (ac != "none") s << "/ac=" << Policy(*this).ToString();
   if (dropout > 0) s << "/dropout=" << dropout;
+  if (!controls.empty()) s << "/" << controls;
   return s.str();
 }
+
+namespace {
+
+// TrainSpec::controls, parsed.
+struct Controls {
+  bool reduce_scatter_each = false;
+  int forward_prefetch = 1, backward_prefetch = 1;
+  double divide_factor = 0;  // 0: the data-parallel size
+  std::string ignored;
+};
+
+Controls ParseControls(const std::string& text) {
+  Controls c;
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key == "rs") {
+      c.reduce_scatter_each = true;
+    } else if (key == "fp") {
+      c.forward_prefetch = std::stoi(value);
+    } else if (key == "bp") {
+      c.backward_prefetch = std::stoi(value);
+    } else if (key == "div") {
+      c.divide_factor = std::stod(value);
+    } else if (key == "ignore") {
+      c.ignored = value;
+    } else if (!key.empty()) {
+      throw std::invalid_argument("TrainSpec: unknown control '" + item + "'");
+    }
+  }
+  return c;
+}
+
+}  // namespace
 
 TrainOutput TrainReference(const TrainSpec& spec, int world) {
   Model m = BuildModel(spec);
@@ -246,13 +284,17 @@ TrainOutput TrainReference(const TrainSpec& spec, int world) {
     }
   }
   auto optimizer = MakeOptimizer(spec, *m.root);
+  const Controls controls = ParseControls(spec.controls);
+  // A divide factor F makes the sharded gradient world / F times the mean's.
+  const double grad_scale =
+      controls.divide_factor > 0 ? world / controls.divide_factor : 1.0;
   TrainOutput out;
   const int64_t rows = world * spec.batch_per_rank * spec.grad_accum;
   for (int step = 0; step < spec.steps; ++step) {
     auto [x, y] = GlobalBatch(spec, step, rows);
     optimizer->zero_grad(/*set_to_none=*/false);
     at::Tensor loss = m.loss(x, y);
-    loss.backward();
+    (grad_scale == 1.0 ? loss : loss * grad_scale).backward();
     if (spec.clip > 0) {
       out.grad_norms.push_back(
           torch::nn::utils::clip_grad_norm_(m.root->parameters(), spec.clip));
@@ -278,13 +320,34 @@ TrainOutput TrainSharded(const TrainSpec& spec,
     options = DataParallelOptions(world);
   }
   options.strategy = fsdp::ParseShardingStrategy(spec.strategy);
+  const Controls controls = ParseControls(spec.controls);
+  options.forward_prefetch = controls.forward_prefetch;
+  options.backward_prefetch = controls.backward_prefetch;
+  if (controls.divide_factor > 0) {
+    options.gradient_divide_factor = controls.divide_factor;
+  }
+  at::Tensor ignored;
+  if (!controls.ignored.empty()) {
+    const at::Tensor* p = m.root->named_parameters().find(controls.ignored);
+    if (p == nullptr) {
+      throw std::invalid_argument("TrainSpec: no parameter '" + controls.ignored + "'");
+    }
+    ignored = *p;
+    options.ignored_params.push_back(ignored);
+  }
   if (spec.mixed_precision == "bf16") {
     options.mp_policy.param_dtype = at::kBFloat16;
     options.mp_policy.reduce_dtype = at::kFloat;
     options.mp_policy.output_dtype = at::kFloat;
   }
+  const std::vector<int64_t> ignored_shape =
+      ignored.defined() ? ignored.sizes().vec() : std::vector<int64_t>{};
   for (auto& unit : m.units) fsdp::fully_shard(unit, options);
   fsdp::fully_shard(m.root, options);
+  if (ignored.defined()) {
+    Check(ignored.sizes().vec() == ignored_shape,
+          "ignored parameter '" + controls.ignored + "' kept whole");
+  }
   fsdp::apply_activation_checkpointing(*m.root, Policy(spec));
   auto optimizer = MakeOptimizer(spec, *m.root);
   fsdp::reset_peak_unsharded_param_bytes();
@@ -299,12 +362,21 @@ TrainOutput TrainSharded(const TrainSpec& spec,
     double local_loss = 0;
     for (int micro = 0; micro < spec.grad_accum; ++micro) {
       const bool last = micro == spec.grad_accum - 1;
-      fsdp::set_requires_gradient_sync(*m.root, last);
+      if (controls.reduce_scatter_each) {
+        fsdp::set_requires_all_reduce(*m.root, last);
+      } else {
+        fsdp::set_requires_gradient_sync(*m.root, last);
+      }
       const int64_t start = (int64_t{micro} * n + rank) * B;
       at::Tensor loss = m.loss(x.narrow(0, start, B), y.narrow(0, start, B)) /
                         spec.grad_accum;
       loss.backward();
       local_loss += loss.item<double>();
+    }
+    if (ignored.defined() && ignored.grad().defined()) {
+      // Left to us by FSDP: this rank's own gradient, reduced here.
+      world->group()->all_reduce(ignored.grad()).wait();
+      ignored.grad().div_(controls.divide_factor > 0 ? controls.divide_factor : n);
     }
     if (spec.clip > 0) {
       out.grad_norms.push_back(fsdp::clip_grad_norm_(*m.root, spec.clip));

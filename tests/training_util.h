@@ -84,6 +84,17 @@ struct TrainSpec {
   std::string ac = "none";
   int ac_every = 2;
   double dropout = 0;
+  // fully_shard's controls, comma-separated (empty: the defaults):
+  //   rs      accumulate by reduce-scattering every micro-batch, the
+  //           all-reduce across replicas only at the last
+  //           (set_requires_all_reduce) instead of no-sync
+  //   fp=D    forward_prefetch D;  bp=D  backward_prefetch D
+  //   div=F   gradient_divide_factor F (the reference scales its loss by
+  //           world / F, which gives the same gradients)
+  //   ignore=NAME  the parameter NAME is in ignored_params: each rank keeps
+  //           it whole and all-reduces its gradient itself (the mean, or
+  //           the sum / F with div) after the last micro-batch
+  std::string controls;
 
   std::vector<std::string> ToArgs() const;
   static TrainSpec FromArgs(const std::vector<std::string>& args);

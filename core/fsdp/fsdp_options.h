@@ -11,6 +11,9 @@
 
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "core/comm/device_mesh.h"
 #include "core/fsdp/mixed_precision.h"
@@ -45,6 +48,31 @@ struct FSDPOptions {
   // starts right away.
   c10::optional<bool> reshard_after_forward;
   MixedPrecisionPolicy mp_policy;
+
+  // ---- controls (PyTorch's fully_shard has the same ones)
+  // Prefetch depth, read from the root's options for its whole tree: how
+  // many units ahead forward (and backward) all-gather while a unit
+  // computes. 0: each unit all-gathers when it is reached (least memory,
+  // every all-gather exposed); 1 (default): the next unit's all-gather
+  // overlaps this one's compute; d: up to d further units' parameters are
+  // unsharded beside the running one (d more unit-sized buffers at the
+  // peak, for hiding all-gathers slower than one unit's compute).
+  // Negative: std::invalid_argument from fully_shard().
+  int forward_prefetch = 1;
+  int backward_prefetch = 1;
+  // Reduced gradients are divided by this (default: the data-parallel
+  // size, shard group x replicas, so a mean loss per rank gives the
+  // gradient of the global mean). 1 sums the ranks' gradients. Must be
+  // positive.
+  c10::optional<double> gradient_divide_factor;
+  // Parameters of the module's subtree that this unit leaves alone: not
+  // sharded, never all-gathered, cast or reduced; each rank keeps its own
+  // full copy and its .grad is this rank's own gradient (all-reduce it
+  // yourself, or let FSDP2Strategy's ignored_params do it). Matched by
+  // tensor identity (tensors that are not the module's are passed over, so
+  // one list can serve every unit). Mixed precision does not cast them: a module that
+  // combines them with param_dtype activations must accept the mix.
+  std::vector<at::Tensor> ignored_params;
 };
 
 }  // namespace fsdp

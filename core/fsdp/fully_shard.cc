@@ -8,6 +8,7 @@
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/fsdp/deferred_init.h"
 #include "core/fsdp/internal/buffer_pool.h"
@@ -24,18 +25,20 @@ namespace {
 // those under modules that are already sharded. Tied parameters (one tensor
 // registered in several places) become one FSDPParam with several slots.
 void CollectParams(torch::nn::Module& module, const std::string& prefix,
+                   const std::unordered_set<c10::TensorImpl*>& ignored,
                    std::vector<FSDPParam>& params,
                    std::unordered_map<c10::TensorImpl*, size_t>& by_impl) {
   for (const auto& item : module.named_parameters(/*recurse=*/false)) {
     const at::Tensor& t = item.value();
-    if (!t.defined()) continue;
+    if (!t.defined() || ignored.count(t.unsafeGetTensorImpl())) continue;
     auto [it, inserted] = by_impl.emplace(t.unsafeGetTensorImpl(), params.size());
     if (inserted) params.emplace_back(prefix + item.key(), t);
     params[it->second].add_slot(&module, item.key());
   }
   for (const auto& child : module.named_children()) {
     if (unit_of(*child.value())) continue;  // owned by an inner unit
-    CollectParams(*child.value(), prefix + child.key() + ".", params, by_impl);
+    CollectParams(*child.value(), prefix + child.key() + ".", ignored, params,
+                  by_impl);
   }
 }
 
@@ -56,6 +59,23 @@ void CheckNotOwnedElsewhere(const torch::nn::Module& module,
         }
       }
     }
+  }
+}
+
+// Throws std::invalid_argument for controls fully_shard cannot honour: a
+// negative prefetch depth, a divide factor that is not positive.
+void CheckControls(const FSDPOptions& options) {
+  if (options.forward_prefetch < 0 || options.backward_prefetch < 0) {
+    throw InvalidArgumentError(
+        "fully_shard: prefetch depths must be 0 or more, got forward_prefetch " +
+        std::to_string(options.forward_prefetch) + ", backward_prefetch " +
+        std::to_string(options.backward_prefetch));
+  }
+  const auto& factor = options.gradient_divide_factor;
+  if (factor.has_value() && (!(*factor > 0) || !std::isfinite(*factor))) {
+    throw InvalidArgumentError(
+        "fully_shard: gradient_divide_factor must be a positive number, got " +
+        std::to_string(*factor));
   }
 }
 
@@ -96,9 +116,14 @@ std::shared_ptr<FSDPUnit> fully_shard(
                                 "' is already sharded; apply fully_shard "
                                 "once per module");
   }
+  CheckControls(options);
+  std::unordered_set<c10::TensorImpl*> ignored;
+  for (const at::Tensor& t : options.ignored_params) {
+    ignored.insert(t.unsafeGetTensorImpl());
+  }
   std::vector<FSDPParam> params;
   std::unordered_map<c10::TensorImpl*, size_t> by_impl;
-  CollectParams(*module, "", params, by_impl);
+  CollectParams(*module, "", ignored, params, by_impl);
   CheckNotOwnedElsewhere(*module, params);
   auto unit = std::make_shared<FSDPUnit>(module, options, std::move(params));
   UnitRegistry::Get().add(module, unit);
@@ -109,6 +134,56 @@ void set_requires_gradient_sync(torch::nn::Module& root, bool sync) {
   for (FSDPUnit* unit : UnitsUnder(root)) {
     unit->param_group().set_requires_gradient_sync(sync);
   }
+}
+
+void set_requires_all_reduce(torch::nn::Module& root, bool all_reduce) {
+  for (FSDPUnit* unit : UnitsUnder(root)) {
+    unit->param_group().set_requires_all_reduce(all_reduce);
+  }
+}
+
+void set_gradient_divide_factor(torch::nn::Module& root, double factor) {
+  for (FSDPUnit* unit : UnitsUnder(root)) {
+    unit->param_group().set_gradient_divide_factor(factor);
+  }
+}
+
+namespace {
+
+FSDPUnit& UnitOrThrow(const torch::nn::Module& module, const char* what) {
+  std::shared_ptr<FSDPUnit> unit = unit_of(module);
+  if (!unit) {
+    throw InvalidArgumentError(std::string("fsdp::") + what + ": module '" +
+                               module.name() + "' is not sharded");
+  }
+  return *unit;
+}
+
+}  // namespace
+
+UnshardHandle::UnshardHandle(std::weak_ptr<FSDPUnit> unit) : unit_(std::move(unit)) {}
+
+void UnshardHandle::wait() {
+  std::shared_ptr<FSDPUnit> unit = unit_.lock();
+  unit_.reset();
+  if (unit) unit->param_group().wait_unshard();
+}
+
+UnshardHandle unshard(const torch::nn::Module& module, bool async_op) {
+  FSDPUnit& unit = UnitOrThrow(module, "unshard");
+  if (unit.param_group().deferred()) {
+    throw FailedPreconditionError(
+        "fsdp::unshard: the parameters of '" + module.name() +
+        "' are still on the meta device; materialize them first");
+  }
+  unit.param_group().unshard_async();
+  UnshardHandle handle(unit.weak_from_this());
+  if (!async_op) handle.wait();
+  return handle;
+}
+
+void reshard(const torch::nn::Module& module) {
+  UnitOrThrow(module, "reshard").param_group().reshard();
 }
 
 namespace {
@@ -264,6 +339,7 @@ MemoryStats memory_stats(torch::nn::Module& root) {
       }
       stats.total_param_numel += p.global_numel();
     }
+    stats.sharded_grad_bytes += group.partial_grad_bytes();
     stats.unsharded_param_bytes += group.unsharded_bytes();
     stats.unsharded_grad_bytes += group.unsharded_grad_bytes();
   }

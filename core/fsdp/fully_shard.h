@@ -105,6 +105,49 @@ std::shared_ptr<FSDPUnit> unit_of(const torch::nn::Module& module);
 // the next backward with it on reduces them together with its own.
 void set_requires_gradient_sync(torch::nn::Module& root, bool sync);
 
+// For HYBRID_SHARD (and NO_SHARD) under gradient accumulation, with
+// gradient sync on: off, each backward reduce-scatters its gradients inside
+// the shard group (so the unsharded gradients are freed at once: memory of
+// one unit's gradients, not the whole model's) and keeps the result as a
+// running sharded sum (memory: one sharded gradient per unit), but does not
+// all-reduce across the replicas (the slow links between hosts); the next
+// backward with it on all-reduces that sum together with its own, once, and
+// writes the shards' .grad. Costs one reduce-scatter per micro-batch inside
+// the shard group. Without replicas it changes nothing (every reduction
+// writes the shards' .grad). Collective: every rank sets the same.
+void set_requires_all_reduce(torch::nn::Module& root, bool all_reduce);
+
+// Sets FSDPOptions::gradient_divide_factor for every sharded module under
+// `root` (1: sum). Throws std::invalid_argument unless `factor` > 0.
+void set_gradient_divide_factor(torch::nn::Module& root, double factor);
+
+// An all-gather started by unshard(module, /*async_op=*/true).
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  explicit UnshardHandle(std::weak_ptr<FSDPUnit> unit);
+  // Waits for the all-gather; the module's parameters are then whole.
+  // Once; later calls (and a handle on a dead module) do nothing.
+  void wait();
+
+ private:
+  std::weak_ptr<FSDPUnit> unit_;
+};
+
+// All-gathers `module`'s parameters ahead of its forward (PyTorch's
+// FSDPModule.unshard), e.g. to overlap them with work of your own before
+// the model runs: forward then finds them gathered, and reshards after it
+// as the options say. async_op: return at once, wait() on the handle
+// (forward also waits). Collective over the module's shard group: every
+// rank makes the same calls in the same order. Throws
+// std::invalid_argument if `module` is not sharded, std::logic_error while
+// its parameters are deferred.
+UnshardHandle unshard(const torch::nn::Module& module, bool async_op = false);
+// Frees `module`'s unsharded parameters (waiting for an all-gather in
+// flight); nothing if sharded. Throws std::invalid_argument if `module` is
+// not sharded.
+void reshard(const torch::nn::Module& module);
+
 // Parameters whose local tensor is one block of a tensor split over `group`
 // (tensor parallelism, see core/tp): clip_grad_norm_ sums their norms over
 // `group`. Every other parameter is the same on each rank of `group` and

@@ -53,31 +53,43 @@ PendingReduction ReduceGrads(
     at::Tensor input, int64_t width,
     const std::shared_ptr<comm::ProcessGroup>& shard_group,
     const std::shared_ptr<comm::ProcessGroup>& replicate_group,
-    int64_t data_parallel_size) {
+    double divide_factor, at::Tensor partial) {
   TORCH_INTERNAL_ASSERT(shard_group || replicate_group,
                         "ReduceGrads: nothing to reduce over");
-  const double dp = static_cast<double>(data_parallel_size);
+  TORCH_INTERNAL_ASSERT(!partial.defined() || replicate_group,
+                        "ReduceGrads: a partial sum needs replicas");
+  const double f = divide_factor;
   PendingReduction out;
   if (!shard_group) {
     out.output = input;
+    if (partial.defined()) {
+      replicate_group->submit(comm::Lane::kGradient, [output = out.output, f, partial] {
+        output.div_(f).add_(partial);
+      });
+    }
     replicate_group->all_reduce(out.output, comm::ReduceOp::kSum,
                                 comm::Lane::kGradient);
-    out.done = replicate_group->submit(
-        comm::Lane::kGradient, [output = out.output, dp] { output.div_(dp); });
+    if (partial.defined()) {
+      out.done = replicate_group->submit(comm::Lane::kGradient, [] {});
+    } else {
+      out.done = replicate_group->submit(
+          comm::Lane::kGradient, [output = out.output, f] { output.div_(f); });
+    }
     return out;
   }
   out.output = input.narrow(0, shard_group->rank() * width, width);
   comm::CommHandle scattered = shard_group->reduce_scatter_flat(out.output, input);
   out.done = shard_group->submit(
       comm::Lane::kGradient,
-      [scattered, output = out.output, replicate = replicate_group, dp] {
+      [scattered, output = out.output, replicate = replicate_group, f, partial] {
         scattered.wait();
+        if (partial.defined()) output.div_(f).add_(partial);
         if (replicate) {
           replicate->all_reduce(output, comm::ReduceOp::kSum,
                                 comm::Lane::kGradient)
               .wait();
         }
-        output.div_(dp);
+        if (!partial.defined()) output.div_(f);
       });
   return out;
 }

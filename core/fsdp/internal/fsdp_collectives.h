@@ -58,16 +58,19 @@ struct PendingReduction {
 
 // The reduction, on the gradient lane: reduce-scatter `input` ([world *
 // width]) over `shard_group` (null: one shard, `input` becomes the output),
-// sum over `replicate_group` (null: no replicas), divide by
-// `data_parallel_size`. At least one group is non-null. The reduce-scatter
-// writes into this rank's own row of `input` (in place), so a reduction
-// holds one buffer, not an input and an output; the other rows are scratch
-// space afterwards.
+// sum over `replicate_group` (null: no replicas, or their all-reduce left
+// for later), divide by `divide_factor`. At least one group is non-null.
+// `partial` (defined only with a replicate group): this rank's sum of the
+// earlier reductions that skipped the all-reduce, already divided; it joins
+// this one's (divided) row before the all-reduce, which then sums every
+// micro-batch over the replicas at once. The reduce-scatter writes into this
+// rank's own row of `input` (in place), so a reduction holds one buffer,
+// not an input and an output; the other rows are scratch space afterwards.
 PendingReduction ReduceGrads(
     at::Tensor input, int64_t width,
     const std::shared_ptr<comm::ProcessGroup>& shard_group,
     const std::shared_ptr<comm::ProcessGroup>& replicate_group,
-    int64_t data_parallel_size);
+    double divide_factor, at::Tensor partial = at::Tensor());
 
 }  // namespace fsdp
 }  // namespace fsdp2

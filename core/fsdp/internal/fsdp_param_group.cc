@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -120,6 +121,8 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
   }
   data_parallel_size_ =
       int64_t{shard_world_} * (replicate_group_ ? replicate_group_->size() : 1);
+  set_gradient_divide_factor(options.gradient_divide_factor.value_or(
+      static_cast<double>(data_parallel_size_)));
 
   // dtypes and device: one flat buffer needs one of each.
   at::ScalarType own_dtype = at::kFloat;
@@ -180,6 +183,15 @@ FSDPParamGroup::~FSDPParamGroup() {
     }
     AddUnshardedBytes(-buffer_bytes());
   }
+}
+
+void FSDPParamGroup::set_gradient_divide_factor(double factor) {
+  if (!(factor > 0) || !std::isfinite(factor)) {
+    throw InvalidArgumentError(
+        "fully_shard: gradient_divide_factor must be a positive number, got " +
+        std::to_string(factor));
+  }
+  divide_factor_ = factor;
 }
 
 int64_t FSDPParamGroup::buffer_bytes() const {
@@ -292,7 +304,10 @@ at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
     for (size_t i = 0; i < n; ++i) {
       FSDPParam& p = params_[i];
       if (!grads[i].defined() || !p.requires_grad()) continue;
-      p.accumulate_grad(grads[i].to(reduce_dtype_).reshape(p.shard().sizes()));
+      at::Tensor g = grads[i].to(reduce_dtype_).reshape(p.shard().sizes());
+      // The divisor a reduction over this one rank would apply.
+      if (divide_factor_ != 1) g = g / divide_factor_;
+      p.accumulate_grad(g);
     }
     AddSecondsSince(copy_start, wait_stats_.copy_in_s);
     return at::Tensor();
@@ -315,8 +330,21 @@ void FSDPParamGroup::flush_local_grads() {
 }
 
 void FSDPParamGroup::start_reduction(at::Tensor input) {
-  reduction_ = ReduceGrads(std::move(input), reduction_width(), shard_group_,
-                           replicate_group_, data_parallel_size_);
+  // With replicas and all-reduce off, the all-reduce waits for a later
+  // reduction (set_requires_all_reduce); that one takes the sum so far.
+  reduction_is_partial_ = replicate_group_ != nullptr && !requires_all_reduce_;
+  if (reduction_is_partial_ && !shard_group_) {
+    // Replicas only: this rank's row is its whole part, nothing to send.
+    reduction_.output = input.narrow(0, 0, reduction_width()).div_(divide_factor_);
+    reduction_.done = comm::CommHandle();
+  } else if (reduction_is_partial_) {
+    reduction_ = ReduceGrads(std::move(input), reduction_width(), shard_group_,
+                             nullptr, divide_factor_);
+  } else {
+    reduction_ = ReduceGrads(std::move(input), reduction_width(), shard_group_,
+                             replicate_group_, divide_factor_, std::move(partial_));
+    partial_ = at::Tensor();
+  }
   reduction_pending_ = true;
   reduction_local_grads_ = std::move(local_grads_);
   local_grads_.clear();
@@ -328,6 +356,16 @@ void FSDPParamGroup::finish_reduction() {
   PendingReduction reduction = std::move(reduction_);
   reduction_ = PendingReduction();
   WaitTimed(reduction.done, wait_stats_.reduce_wait_s);
+  if (reduction_is_partial_) {
+    // Held back for the all-reduce; the .grad of the shards waits too.
+    if (partial_.defined()) {
+      partial_.add_(reduction.output);
+    } else {
+      partial_ = reduction.output.clone();
+    }
+    reduction_local_grads_.clear();
+    return;
+  }
   // The contribution flags, summed over the ranks and divided like the
   // gradients: positive where some rank had a gradient. Read only for the
   // parameters without one here (a parameter this rank's step did not use).

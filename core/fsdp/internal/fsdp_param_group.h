@@ -93,6 +93,15 @@ class FSDPParamGroup {
   void flush_local_grads();
 
   void set_requires_gradient_sync(bool sync) { requires_grad_sync_ = sync; }
+  // Off: reductions still reduce-scatter over the shard group (and free
+  // the unsharded gradients), but leave the all-reduce over the replicas
+  // for the next reduction with it on: this rank keeps the running sum of
+  // its reduced rows (partial_grad_bytes()), and its shards' .grad are
+  // written only then. Without replicas it changes nothing.
+  void set_requires_all_reduce(bool all_reduce) { requires_all_reduce_ = all_reduce; }
+  // Reduced gradients are divided by this; must be positive.
+  void set_gradient_divide_factor(double factor);
+  double gradient_divide_factor() const { return divide_factor_; }
   // Whether the shards are still meta tensors awaiting materialize_module()
   // (which clears it).
   bool deferred() const { return deferred_; }
@@ -110,6 +119,10 @@ class FSDPParamGroup {
   int64_t buffer_bytes() const;     // size of the unsharded buffer
   int64_t unsharded_bytes() const;  // buffer_bytes() while unsharded, else 0
   int64_t unsharded_grad_bytes() const;  // accumulated while sync is off
+  // Reduced gradients held back while all-reduce is off.
+  int64_t partial_grad_bytes() const {
+    return partial_.defined() ? partial_.nbytes() : 0;
+  }
   const CommWaitStats& comm_wait_stats() const { return wait_stats_; }
   void reset_comm_wait_stats() { wait_stats_ = CommWaitStats(); }
 
@@ -138,6 +151,8 @@ class FSDPParamGroup {
   // World 1 with no dtype change: compute tensors alias the shards.
   bool alias_shards_ = false;
   bool requires_grad_sync_ = true;
+  bool requires_all_reduce_ = true;
+  double divide_factor_ = 1;
   bool deferred_ = false;
 
   State state_ = State::kSharded;
@@ -154,6 +169,13 @@ class FSDPParamGroup {
   // wait for the device).
   std::vector<bool> local_grads_, reduction_local_grads_;
   bool reduction_pending_ = false;
+  // The reduction in flight skips the all-reduce: finish_reduction adds it
+  // to partial_ instead of the shards' .grad.
+  bool reduction_is_partial_ = false;
+  // [reduction_width()], reduce dtype: this rank's sum of the reductions
+  // that skipped the all-reduce since the last one that did (divided, the
+  // contribution flags included); undefined when there are none.
+  at::Tensor partial_;
 
   CommWaitStats wait_stats_;
 };

@@ -30,8 +30,12 @@ std::string UnitName(const FSDPUnit* unit) {
 
 FSDPRootState::FSDPRootState(
     std::vector<FSDPUnit*> pre_order,
-    std::vector<std::pair<FSDPUnit*, bool>> backward_walk)
-    : pre_order_(std::move(pre_order)), backward_walk_(std::move(backward_walk)) {}
+    std::vector<std::pair<FSDPUnit*, bool>> backward_walk, int forward_prefetch,
+    int backward_prefetch)
+    : pre_order_(std::move(pre_order)),
+      backward_walk_(std::move(backward_walk)),
+      forward_prefetch_(static_cast<size_t>(std::max(forward_prefetch, 0))),
+      backward_prefetch_(static_cast<size_t>(std::max(backward_prefetch, 0))) {}
 
 // ------------------------------------------------------------------- forward
 
@@ -51,8 +55,10 @@ void FSDPRootState::enter_forward(FSDPUnit* unit) {
   for (size_t i = next_forward_; i < at; ++i) pre_order_[i]->skip_forward(grad);
   next_forward_ = at + 1;
   unit->param_group().wait_unshard();
-  if (next_forward_ < pre_order_.size()) {
-    pre_order_[next_forward_]->param_group().unshard_async();  // prefetch
+  // The prefetch; units already unsharded or in flight are left as they are.
+  for (size_t i = next_forward_;
+       i < pre_order_.size() && i < next_forward_ + forward_prefetch_; ++i) {
+    pre_order_[i]->param_group().unshard_async();
   }
 }
 
@@ -96,9 +102,14 @@ void FSDPRootState::begin_backward() {
       ops_.push_back({false, unit, unit->post_backward_in(graph)});
     }
   }
-  // The prefetch: each all-gather goes ahead of the reduction before it.
+  // The prefetch: each all-gather goes ahead of the backward_prefetch_
+  // reductions before it, never past another all-gather.
   for (size_t i = 1; i < ops_.size(); ++i) {
-    if (ops_[i].gather && !ops_[i - 1].gather) std::swap(ops_[i - 1], ops_[i]);
+    if (!ops_[i].gather) continue;
+    for (size_t j = i, passed = 0;
+         j > 0 && !ops_[j - 1].gather && passed < backward_prefetch_; --j, ++passed) {
+      std::swap(ops_[j - 1], ops_[j]);
+    }
   }
 }
 
@@ -127,7 +138,10 @@ void FSDPRootState::issue_in_order(size_t limit, bool force, bool prefetch) {
     if (op.issued) continue;
     if (!force && op.here) {
       if (!op.gather && !op.input.defined()) return;  // gradients coming
-      if (op.gather && limit == kAll && (!prefetch || !kept_.empty())) return;
+      if (op.gather && limit == kAll &&
+          (!prefetch || kept_.size() >= backward_prefetch_)) {
+        return;
+      }
     }
     issue(op, force);
   }

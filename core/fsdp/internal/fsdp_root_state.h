@@ -31,7 +31,8 @@
 //    the backward begins: unshard states agree across ranks), its
 //    reduction when the walk leaves it (if it reduces: FSDPParamGroup::
 //    reduces, the same on every rank); each all-gather is moved ahead of
-//    the reduction just before it, which is the prefetch (the next unit's
+//    the backward_prefetch reductions just before it (not past another
+//    all-gather), which is the prefetch (with depth 1, the next unit's
 //    all-gather overlaps this one's gradients). Every rank issues these
 //    operations in this order, over both lanes, and waits only for
 //    operations it has issued: then no rank can wait for one that another
@@ -83,8 +84,12 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
  public:
   // `pre_order`, `backward_walk`: the units of the root's module tree in
   // pre-order (the root first) and the backward walk (UnitsInTreeOrder).
+  // `forward_prefetch`, `backward_prefetch`: how many units ahead to
+  // all-gather (FSDPOptions; the same on every rank, so the orders stay
+  // the same too).
   FSDPRootState(std::vector<FSDPUnit*> pre_order,
-                std::vector<std::pair<FSDPUnit*, bool>> backward_walk);
+                std::vector<std::pair<FSDPUnit*, bool>> backward_walk,
+                int forward_prefetch = 1, int backward_prefetch = 1);
 
   // ---- forward
   // The root's pre-forward: a pass starts, the cursor at the start.
@@ -143,9 +148,9 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
   void begin_backward();
   // Issues the operations in order from the first one not issued: through
   // `limit` (an index; kAll: as far as it can go), or until a reduction
-  // whose gradients are still coming here (unless `force`), or a second
-  // all-gather kept for a unit whose pre-backward has not run yet (without
-  // `prefetch`: the first one).
+  // whose gradients are still coming here (unless `force`), or an
+  // all-gather beyond backward_prefetch_ kept for units whose pre-backward
+  // has not run yet (without `prefetch`: the first one).
   void issue_in_order(size_t limit, bool force, bool prefetch = true);
   void issue(Op& op, bool force);  // one operation (see the file comment)
   // Starts `group`'s reduction of `input`, first finishing the oldest one
@@ -160,6 +165,8 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
 
   std::vector<FSDPUnit*> pre_order_;  // forward order; the root first
   std::vector<std::pair<FSDPUnit*, bool>> backward_walk_;
+  size_t forward_prefetch_ = 1;
+  size_t backward_prefetch_ = 1;
 
   bool in_forward_ = false;
   size_t next_forward_ = 0;  // the first unit of pre_order_ not yet passed

@@ -111,8 +111,9 @@ std::shared_ptr<FSDPRootState> FSDPUnit::init_as_root() {
   auto alive = module_alive_.lock();
   UnitTreeOrder order = alive ? UnitsInTreeOrder(*alive) : UnitTreeOrder{};
   std::vector<FSDPUnit*> units = order.pre;
-  root_state_ = std::make_shared<FSDPRootState>(std::move(order.pre),
-                                                std::move(order.backward));
+  root_state_ = std::make_shared<FSDPRootState>(
+      std::move(order.pre), std::move(order.backward), options_.forward_prefetch,
+      options_.backward_prefetch);
   root_ = root_state_;
   for (FSDPUnit* unit : units) {
     if (unit == this) continue;
