@@ -550,6 +550,37 @@ static void TestOptionErrors(void) {
   o.device = 7;
   EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "unknown device");
 
+  /* fully_shard's controls (ABI 1.6): defaults, JSON, errors, and a 1.5
+   * caller's shorter struct. */
+  fsdp2_strategy_options_init(&o);
+  EXPECT(o.forward_prefetch == 1 && o.backward_prefetch == 1 &&
+             o.gradient_accumulation == FSDP2_ACCUMULATE_LOCAL && o.gradient_divide_factor == 0,
+         "control defaults");
+  CHECK_OK(fsdp2_strategy_options_from_json(
+      "{\"forward_prefetch\": 2, \"backward_prefetch\": 0, \"gradient_accumulation\": "
+      "\"sharded\", \"gradient_divide_factor\": 1}", &o));
+  EXPECT(o.forward_prefetch == 2 && o.backward_prefetch == 0 &&
+             o.gradient_accumulation == FSDP2_ACCUMULATE_SHARDED && o.gradient_divide_factor == 1,
+         "controls json");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"gradient_accumulation\": \"never\"}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "local, sharded");
+  fsdp2_strategy_options_init(&o);
+  o.backward_prefetch = -1;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "backward_prefetch");
+  fsdp2_strategy_options_init(&o);
+  o.gradient_divide_factor = -2;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT,
+               "gradient_divide_factor");
+  fsdp2_strategy_options_init(&o);
+  o.gradient_accumulation = 9;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT,
+               "gradient_accumulation");
+  o.backward_prefetch = -1;
+  o.struct_size = offsetof(fsdp2_strategy_options_t, forward_prefetch);
+  CHECK_OK(fsdp2_strategy_create(&o, &s));
+  fsdp2_strategy_destroy(s);
+  s = NULL;
+
   /* Activation checkpointing: default, JSON (names and booleans), errors,
    * and an older caller's shorter struct (the fields take their defaults). */
   fsdp2_strategy_options_init(&o);
@@ -938,6 +969,14 @@ static void TestStrategiesAndPrecision(void) {
       {4, "{\"precision\": \"fp32\", \"seed\": 7, \"data_parallel_size\": 2, "
           "\"tensor_parallel_size\": 2, \"activation_checkpointing\": \"selective\", "
           "\"ac_every\": 1}", 1e-4, 0},
+      /* fully_shard's controls: deeper and no prefetch, and accumulation
+       * that reduce-scatters each micro-batch and all-reduces across the
+       * 2 replicas only at the last. */
+      {4, "{\"precision\": \"fp32\", \"seed\": 7, \"sharding_strategy\": \"hybrid_shard\", "
+          "\"shard_group_size\": 2, \"gradient_accumulation\": \"sharded\", "
+          "\"forward_prefetch\": 2, \"backward_prefetch\": 0}", 1e-4, 0},
+      {3, "{\"precision\": \"fp32\", \"seed\": 7, \"gradient_accumulation\": \"sharded\", "
+          "\"forward_prefetch\": 0, \"backward_prefetch\": 3}", 1e-4, 0},
       /* bf16 parameters and compute, fp32 reduction: tracks fp32 loosely. */
       {2, "{\"precision\": \"bf16\", \"seed\": 7}", 3e-2, 1},
   };

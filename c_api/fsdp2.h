@@ -69,7 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 5 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats */
+#define FSDP2_ABI_VERSION_MINOR 6 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -234,6 +234,17 @@ typedef enum fsdp2_activation_checkpointing {
   FSDP2_AC_SELECTIVE = 2  /* recompute every ac_every-th block */
 } fsdp2_activation_checkpointing_t;
 
+/* How micro-batches that do not sync gradients accumulate them (ABI 1.6). */
+typedef enum fsdp2_gradient_accumulation {
+  /* Each unit keeps its unsharded gradients; nothing is communicated until
+   * the last micro-batch (fewest bytes; a whole model's gradients held). */
+  FSDP2_ACCUMULATE_LOCAL = 0,
+  /* Reduce-scatter every micro-batch inside the shard group (unsharded
+   * gradients freed at once; one sharded gradient held), all-reduce across
+   * replicas (HYBRID_SHARD's hosts) only at the last. */
+  FSDP2_ACCUMULATE_SHARDED = 1
+} fsdp2_gradient_accumulation_t;
+
 typedef struct fsdp2_strategy_options {
   size_t struct_size;           /* sizeof(fsdp2_strategy_options_t) */
   int32_t data_parallel_size;   /* 0: "auto" */
@@ -256,6 +267,14 @@ typedef struct fsdp2_strategy_options {
   /* Since ABI 1.5. */
   int32_t device;       /* an fsdp2_device_t; default AUTO */
   int32_t device_index; /* CUDA: the GPU's number; -1 (default): the local rank's */
+  /* Since ABI 1.6: fully_shard's controls. Prefetch: how many units ahead
+   * forward / backward all-gather (0: none, least memory; each further
+   * unit costs one more unit's parameters held). */
+  int32_t forward_prefetch;      /* >= 0; default 1 */
+  int32_t backward_prefetch;     /* >= 0; default 1 */
+  int32_t gradient_accumulation; /* an fsdp2_gradient_accumulation_t; default LOCAL */
+  double gradient_divide_factor; /* reduced gradients / this; 0 (default): the
+                                    data-parallel size (mean), 1: the sum */
 } fsdp2_strategy_options_t;
 
 /* Fills `options` with the defaults: auto sizes, FULL_SHARD, BF16, gloo,
@@ -266,7 +285,8 @@ FSDP2_API void fsdp2_strategy_options_init(fsdp2_strategy_options_t* options);
 /* Updates `options` from a JSON object whose keys are the field names
  * above (sizes may also be "auto"; enums are strings: "full_shard",
  * "bf16"/"fp32", "gloo"/"nccl", "sharded"/"full",
- * "activation_checkpointing": "none"/"full"/"selective" or false/true), e.g.
+ * "activation_checkpointing": "none"/"full"/"selective" or false/true,
+ * "gradient_accumulation": "local"/"sharded"), e.g.
  *   {"data_parallel_size": "auto", "sharding_strategy": "no_shard"}
  * Keys not given keep their value. Unknown keys, wrong types and bad JSON
  * fail with FSDP2_ERROR_INVALID_ARGUMENT and leave `options` unchanged.

@@ -23,7 +23,8 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
       "data_parallel_size, tensor_parallel_size, sharding_strategy, "
       "reshard_after_forward, shard_group_size, precision, cpu_offload, backend, "
       "timeout_ms, checkpoint_format, seed, shuffle, drop_last, "
-      "activation_checkpointing, ac_every, device";
+      "activation_checkpointing, ac_every, device, forward_prefetch, backward_prefetch, "
+      "gradient_accumulation, gradient_divide_factor";
   for (const auto& [key, v] : config.items()) {
     if (key == "data_parallel_size") {
       o.data_parallel_size = JsonSize(v, key);
@@ -64,6 +65,15 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
                                                       {"selective", FSDP2_AC_SELECTIVE}});
     } else if (key == "ac_every") {
       o.ac_every = JsonNumber<int32_t>(v, key);
+    } else if (key == "forward_prefetch") {
+      o.forward_prefetch = JsonNumber<int32_t>(v, key);
+    } else if (key == "backward_prefetch") {
+      o.backward_prefetch = JsonNumber<int32_t>(v, key);
+    } else if (key == "gradient_accumulation") {
+      o.gradient_accumulation = JsonEnum<int32_t>(
+          v, key, {{"local", FSDP2_ACCUMULATE_LOCAL}, {"sharded", FSDP2_ACCUMULATE_SHARDED}});
+    } else if (key == "gradient_divide_factor") {
+      o.gradient_divide_factor = JsonNumber<double>(v, key);
     } else if (key == "device") {
       // "auto", "cpu", "cuda" (the local rank's GPU) or "cuda:K".
       const std::string d = v.is_string() ? v.get<std::string>() : "";

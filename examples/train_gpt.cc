@@ -62,6 +62,8 @@ struct Flags {
   int tensor_parallel = 1;  // ranks per tensor-parallel group
   std::string strategy = "full_shard";
   int shard_group_size = 0;
+  int prefetch_depth = 1;  // forward and backward
+  std::string grad_accum_mode = "local";
   int timeout_s = 300;  // FSDP2_TIMEOUT_S, when set, is the default
   int steps = 30;
   uint64_t seed = 1337;
@@ -183,6 +185,13 @@ Flags ParseFlags(int argc, char** argv) {
         "1: recompute each block's activations in backward instead of keeping them");
     f.ac_every = parser.Int("ac-every", f.ac_every,
                             "with --activation-checkpointing 1: every k-th block (1: all)");
+    f.prefetch_depth = parser.Int("prefetch-depth", f.prefetch_depth,
+                                  "units all-gathered ahead in forward and backward "
+                                  "(0: none, least memory)");
+    f.grad_accum_mode = parser.String(
+        "grad-accum-mode", f.grad_accum_mode,
+        "local (keep unsharded gradients until the last micro-batch) | sharded "
+        "(reduce-scatter each micro-batch, all-reduce across replicas at the last)");
     f.device = parser.String("device", f.device,
                              "auto|cpu|cuda|cuda:K (auto: the rank's GPU where there is one)");
     f.init_from = parser.String("init-from", f.init_from,
@@ -241,6 +250,10 @@ Flags ParseFlags(int argc, char** argv) {
   if (f.ckpt_keep < 0) Fail("--ckpt-keep must be positive");
   if (f.max_restarts < 0) Fail("--max-restarts must be 0 or more");
   if (f.shard_group_size < 0) Fail("--shard-group-size must be 0 (a host) or positive");
+  if (f.prefetch_depth < 0) Fail("--prefetch-depth must be 0 or more");
+  if (f.grad_accum_mode != "local" && f.grad_accum_mode != "sharded") {
+    Fail("--grad-accum-mode must be local or sharded, got '" + f.grad_accum_mode + "'");
+  }
   if (f.timeout_s < 1) Fail("--timeout must be at least 1 second");
   if (!f.ckpt_dir.empty()) {
     // Before any training: a target that cannot take a checkpoint fails now.
@@ -376,6 +389,9 @@ int RunRank(const Flags& f) {
   options.backend = backend ? backend : "gloo";
   options.device = f.device;
   options.shard_group_size = f.shard_group_size;
+  options.forward_prefetch = f.prefetch_depth;
+  options.backward_prefetch = f.prefetch_depth;
+  options.gradient_accumulation = f.grad_accum_mode;
   options.timeout = std::chrono::seconds(f.timeout_s);
   strategy::FSDP2Strategy strategy(options);
   strategy.setup_environment();
@@ -507,10 +523,11 @@ int RunRank(const Flags& f) {
     sent += part;
   }
   std::printf("rank %d: sharded params %.2f MiB of %.2f MiB, peak unsharded params %.2f MiB, "
-              "allocator %s, sent %s\n",
+              "peak RSS %.1f MiB, allocator %s, sent %s\n",
               rank, stats.sharded_param_bytes / 1048576.0,
               stats.total_param_numel * 4 / 1048576.0,
               fsdp::peak_unsharded_param_bytes() / 1048576.0,
+              strategy.memory_stats().peak_rss_bytes / 1048576.0,
               launch::ActiveAllocator().c_str(),
               sent.empty() ? "nothing" : sent.c_str());
   if (!strategy.device().is_cpu()) {

@@ -34,20 +34,23 @@ l1=$(echo "$one" | losses)
 
 # Starts 2 hosts x 2 ranks of the main job with `strategy`; prints rank 0's
 # output then every other rank's, each line prefixed.
+# Extra arguments go to every rank; RUN_NAME (default: the strategy) names
+# its logs and checkpoint.
 run_hosts() {
   local strategy="$1" port=$(( 20000 + RANDOM % 20000 ))
-  local pids=() r
+  shift
+  local name="${RUN_NAME:-$strategy}" pids=() r
   for r in 0 1 2 3; do
-    start_rank $(( r / 2 )) "$tmp/$strategy.$r.log" RANK=$r WORLD_SIZE=4 \
+    start_rank $(( r / 2 )) "$tmp/$name.$r.log" RANK=$r WORLD_SIZE=4 \
       LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 MASTER_ADDR=10.231.7.1 \
       MASTER_PORT=$port FSDP2_TIMEOUT_S=60 -- timeout 300 "$train" --batch-size 2 \
-      "${common[@]}" --strategy "$strategy" --out-dir "$tmp/$strategy-$r" \
-      --ckpt-dir "$tmp/ck-$strategy" --checkpoint-format full
+      "${common[@]}" --strategy "$strategy" --out-dir "$tmp/$name-$r" \
+      --ckpt-dir "$tmp/ck-$name" --checkpoint-format full "$@"
     pids+=($!)
   done
   local status=0
   for r in 0 1 2 3; do wait "${pids[$r]}" || status=1; done
-  for r in 0 1 2 3; do sed "s/^/[rank $r] /" "$tmp/$strategy.$r.log"; done
+  for r in 0 1 2 3; do sed "s/^/[rank $r] /" "$tmp/$name.$r.log"; done
   return $status
 }
 
@@ -127,6 +130,33 @@ if [[ -n "${crossed[hybrid_shard]:-}" && -n "${crossed[full_shard]:-}" ]] &&
    (( crossed[hybrid_shard] >= crossed[full_shard] )); then
   echo "FAIL: hybrid_shard sent ${crossed[hybrid_shard]} bytes between the hosts, not fewer than full_shard's ${crossed[full_shard]}"
   fail=1
+fi
+
+# fully_shard's controls across the host boundary: HYBRID_SHARD with 4
+# micro-batches that reduce-scatter inside each host every micro-batch and
+# all-reduce across the hosts only at the last (--grad-accum-mode sharded),
+# with prefetch depth 2, trains as one process does with 4 micro-batches
+# and sends no more bytes between the hosts than with 1 micro-batch (the
+# veth counts rendezvous and loss reductions too: 10% slack).
+one4=$(timeout 300 "$train" --nproc 1 --batch-size 16 --grad-accum 4 "${common[@]}" \
+  --out-dir "$tmp/one4" 2>&1) || { echo "FAIL: one process, 4 micro-batches"; echo "$one4"; fail=1; }
+before=$(tx_bytes)
+if out=$(RUN_NAME=hsdp-accum run_hosts hybrid_shard --batch-size 4 --grad-accum 4 \
+      --grad-accum-mode sharded --prefetch-depth 2); then
+  accum_crossed=$(( $(tx_bytes) - before ))
+  l=$(grep '^\[rank 0\]' <<<"$out" | losses)
+  if [[ "$l" != "$(echo "$one4" | losses)" ]]; then
+    echo "FAIL: hybrid_shard, 4 sharded micro-batches on 2 hosts differs from one process:"
+    paste <(echo "$one4" | losses) <(echo "$l"); echo "$out"; fail=1
+  fi
+  if [[ -n "${crossed[hybrid_shard]:-}" ]] &&
+     (( accum_crossed * 10 > crossed[hybrid_shard] * 11 )); then
+    echo "FAIL: 4 sharded micro-batches sent $accum_crossed bytes between the hosts, more than 1 micro-batch's ${crossed[hybrid_shard]}"
+    fail=1
+  fi
+  echo "hybrid_shard, 4 micro-batches reduce-scattered each, prefetch 2: losses equal one process; bytes host0 -> host1 $accum_crossed (1 micro-batch: ${crossed[hybrid_shard]:-?})"
+else
+  echo "FAIL: hybrid_shard with --grad-accum-mode sharded on 2 hosts x 2 ranks exited non-zero:"; echo "$out"; fail=1
 fi
 
 # A job on 2 hosts whose MASTER_ADDR is loopback cannot know the network

@@ -108,6 +108,23 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
   out.data_sampler.drop_last = o.drop_last != 0;
   Require(o.ac_every >= 1, "ac_every must be at least 1 (checkpoint every k-th block), got " +
                                std::to_string(o.ac_every));
+  Require(o.forward_prefetch >= 0 && o.backward_prefetch >= 0,
+          "forward_prefetch and backward_prefetch must be 0 or more, got " +
+              std::to_string(o.forward_prefetch) + " and " + std::to_string(o.backward_prefetch));
+  out.forward_prefetch = o.forward_prefetch;
+  out.backward_prefetch = o.backward_prefetch;
+  switch (o.gradient_accumulation) {
+    case FSDP2_ACCUMULATE_LOCAL: out.gradient_accumulation = "local"; break;
+    case FSDP2_ACCUMULATE_SHARDED: out.gradient_accumulation = "sharded"; break;
+    default:
+      throw InvalidArgumentError("unknown gradient_accumulation " +
+                                 std::to_string(static_cast<int>(o.gradient_accumulation)));
+  }
+  Require(o.gradient_divide_factor == 0 ||
+              (o.gradient_divide_factor > 0 && std::isfinite(o.gradient_divide_factor)),
+          "gradient_divide_factor must be 0 (the data-parallel size) or positive, got " +
+              std::to_string(o.gradient_divide_factor));
+  out.gradient_divide_factor = o.gradient_divide_factor;
   switch (o.activation_checkpointing) {
     case FSDP2_AC_NONE: break;
     case FSDP2_AC_FULL: out.activation_checkpointing = fsdp::ActivationCheckpointing::Full(); break;
@@ -193,6 +210,10 @@ void fsdp2_strategy_options_init(fsdp2_strategy_options_t* o) {
   o->ac_every = 2;
   o->device = FSDP2_DEVICE_AUTO;
   o->device_index = -1;
+  o->forward_prefetch = 1;
+  o->backward_prefetch = 1;
+  o->gradient_accumulation = FSDP2_ACCUMULATE_LOCAL;
+  o->gradient_divide_factor = 0;
 }
 
 void fsdp2_optimizer_options_init(fsdp2_optimizer_options_t* o) {

@@ -166,6 +166,10 @@ FSDP2Strategy::FSDP2Strategy(FSDP2StrategyOptions options)
   if (options_.timeout.count() <= 0) {
     throw InvalidArgumentError("FSDP2Strategy: timeout must be positive");
   }
+  if (options_.gradient_accumulation != "local" && options_.gradient_accumulation != "sharded") {
+    throw InvalidArgumentError("FSDP2Strategy: gradient_accumulation must be local or sharded, "
+                               "got '" + options_.gradient_accumulation + "'");
+  }
 }
 
 FSDP2Strategy::~FSDP2Strategy() = default;
@@ -310,6 +314,11 @@ void FSDP2Strategy::parallelize() {
   fsdp_options.strategy = options_.sharding_strategy;
   fsdp_options.reshard_after_forward = options_.reshard_after_forward;
   fsdp_options.mp_policy = options_.mp_policy;
+  fsdp_options.forward_prefetch = options_.forward_prefetch;
+  fsdp_options.backward_prefetch = options_.backward_prefetch;
+  if (options_.gradient_divide_factor != 0) {
+    fsdp_options.gradient_divide_factor = options_.gradient_divide_factor;
+  }
   if (fsdp_mesh_ == mesh_) {
     fsdp_options.shard_dim = "dp";
     fsdp_options.replicate_dim = "dp";
@@ -432,7 +441,9 @@ at::Tensor FSDP2Strategy::training_step(const Batch& host_batch, int64_t batch_i
 
 void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
   require(true, true, "backward");
-  fsdp::set_requires_gradient_sync(*module_->module(), sync_gradients);
+  const bool sharded = options_.gradient_accumulation == "sharded";
+  fsdp::set_requires_gradient_sync(*module_->module(), sharded || sync_gradients);
+  fsdp::set_requires_all_reduce(*module_->module(), !sharded || sync_gradients);
   loss.backward();
 }
 

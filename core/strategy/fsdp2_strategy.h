@@ -142,6 +142,26 @@ struct FSDP2StrategyOptions {
   // k-th of them. Tensor-parallel blocks are recomputed with their
   // collectives. See core/fsdp/activation_checkpoint.h.
   fsdp::ActivationCheckpointing activation_checkpointing;
+  // fully_shard's controls (core/fsdp/fsdp_options.h says what each costs
+  // and saves): prefetch depths, forward and backward (0 or more, default
+  // 1), and the divisor of reduced gradients (0: the data-parallel size,
+  // the mean; 1: the sum). The loss a step reports is the mean over ranks
+  // whatever the divisor. Bad values: std::invalid_argument from
+  // parallelize().
+  int forward_prefetch = 1;
+  int backward_prefetch = 1;
+  double gradient_divide_factor = 0;
+  // Gradient accumulation (micro-batches that backward() with
+  // sync_gradients = false): "local" keeps each unit's unsharded gradients
+  // and communicates nothing until the last micro-batch (fewest bytes,
+  // memory of a whole unsharded model's gradients); "sharded"
+  // reduce-scatters every micro-batch inside the shard group, freeing the
+  // unsharded gradients at once, and all-reduces across replicas
+  // (HYBRID_SHARD's hosts, NO_SHARD's ranks) only at the last
+  // (fsdp::set_requires_all_reduce): memory of one sharded gradient, one
+  // reduce-scatter per micro-batch, cross-host bytes as with one
+  // micro-batch. Anything else: std::invalid_argument from the constructor.
+  std::string gradient_accumulation = "local";
 };
 
 // This rank's rows of a dataset held as tensors with a common first dim,
@@ -193,7 +213,9 @@ class FSDP2Strategy {
   // Returns the loss, attached to the graph.
   at::Tensor training_step(const Batch& batch, int64_t batch_idx);
   // Backpropagates `loss`. With sync off (gradient accumulation), gradients
-  // accumulate locally without communication.
+  // accumulate as gradient_accumulation says: locally, without
+  // communication, or reduce-scattered with the all-reduce across replicas
+  // left for the backward with sync on.
   void backward(const at::Tensor& loss, bool sync_gradients = true);
   // Clips gradients to a global norm over all shards and tensor-parallel
   // blocks, replicated parameters counted once (if max_grad_norm > 0), steps the

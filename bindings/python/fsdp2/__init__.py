@@ -330,8 +330,15 @@ class FSDP2Strategy(_Handle):
     ("sharded", "full"), seed, shuffle, drop_last, activation_checkpointing
     ("none", "full", "selective", or False/True: recompute every transformer
     block's activations in backward instead of keeping them; selective:
-    every ac_every-th block). Unknown options raise InvalidArgumentError
-    with the library's message.
+    every ac_every-th block), and fully_shard's controls: forward_prefetch
+    and backward_prefetch (units all-gathered ahead, default 1; 0 holds
+    the least memory and exposes every all-gather, each further unit holds
+    one more unit's parameters), gradient_accumulation ("local": micro-batches
+    keep unsharded gradients and communicate nothing until the last;
+    "sharded": each reduce-scatters inside the shard group, freeing them,
+    and only the last all-reduces across replicas), gradient_divide_factor
+    (0: the data-parallel size, i.e. the mean; 1: the sum). Unknown options
+    raise InvalidArgumentError with the library's message.
     """
 
     _destroy = staticmethod(_c.fsdp2_strategy_destroy)

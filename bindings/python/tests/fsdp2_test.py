@@ -543,6 +543,17 @@ def test_activation_checkpointing_options():
     fsdp2.FSDP2Strategy(activation_checkpointing=True, ac_every=3).close()
 
 
+def test_fully_shard_controls_options():
+    with pytest.raises(fsdp2.InvalidArgumentError, match="local, sharded"):
+        fsdp2.FSDP2Strategy(gradient_accumulation="sometimes")
+    with pytest.raises(fsdp2.InvalidArgumentError, match="forward_prefetch and backward_prefetch"):
+        fsdp2.FSDP2Strategy(forward_prefetch=-1)
+    with pytest.raises(fsdp2.InvalidArgumentError, match="gradient_divide_factor"):
+        fsdp2.FSDP2Strategy(gradient_divide_factor=-1.0)
+    fsdp2.FSDP2Strategy(forward_prefetch=0, backward_prefetch=3, gradient_accumulation="sharded",
+                        gradient_divide_factor=1.0).close()
+
+
 def test_activation_checkpointing_changes_nothing():
     """Recomputing every block in backward (dropout masks replayed) gives
     the same losses and parameters, bit for bit, on 1 and 2 ranks."""

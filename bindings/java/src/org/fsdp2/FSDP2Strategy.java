@@ -88,6 +88,29 @@ public final class FSDP2Strategy extends Handle {
       return set("shard_group_size", ranks);
     }
 
+    /**
+     * How many units ahead forward and backward all-gather (default 1; 0: none,
+     * least memory; each further unit holds one more unit's parameters).
+     */
+    public Builder prefetch(int forward, int backward) {
+      set("forward_prefetch", forward);
+      return set("backward_prefetch", backward);
+    }
+
+    /**
+     * Micro-batches without gradient sync: "local" (the default: keep unsharded
+     * gradients, communicate at the last) or "sharded" (reduce-scatter each one,
+     * all-reduce across replicas at the last: less memory, same cross-host bytes).
+     */
+    public Builder gradientAccumulation(String mode) {
+      return set("gradient_accumulation", mode);
+    }
+
+    /** Reduced gradients are divided by this (0, the default: the data-parallel size; 1: sum). */
+    public Builder gradientDivideFactor(double factor) {
+      return set("gradient_divide_factor", factor);
+    }
+
     public Builder cpuOffload(boolean offload) {
       return set("cpu_offload", offload);
     }

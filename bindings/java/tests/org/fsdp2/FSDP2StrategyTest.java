@@ -49,6 +49,12 @@ class FSDP2StrategyTest {
         .checkpointFormat("full").seed(3).shuffle(false).dropLast(false)
         .activationCheckpointing("selective").acEvery(2).build().close();
     FSDP2Strategy.builder().activationCheckpointing(true).build().close();
+    FSDP2Strategy.builder().prefetch(0, 2).gradientAccumulation("sharded")
+        .gradientDivideFactor(1.0).build().close();
+    expect(Status.INVALID_ARGUMENT, "local, sharded",
+        () -> FSDP2Strategy.builder().gradientAccumulation("never").build());
+    expect(Status.INVALID_ARGUMENT, "forward_prefetch and backward_prefetch",
+        () -> FSDP2Strategy.builder().prefetch(-1, 1).build());
     expect(Status.INVALID_ARGUMENT, "none, full, selective",
         () -> FSDP2Strategy.builder().activationCheckpointing("sometimes").build());
     expect(Status.INVALID_ARGUMENT, "ac_every must be at least 1",

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# fully_shard's controls on the 85M GPT (12 layers, n_embd 768, 12 heads,
+# 256-token vocabulary: GPT-2 small's blocks), the main job's shipped
+# defaults otherwise, one run per row, side by side:
+#  - prefetch depth 0, 1 (the default), 2, 3 with FULL_SHARD on 2 ranks;
+#  - gradient accumulation with 4 micro-batches under HYBRID_SHARD on
+#    4 ranks (2 replicas x 2 shards): "local" (unsharded gradients kept
+#    until the last micro-batch) against "sharded" (reduce-scattered every
+#    micro-batch, all-reduced across replicas at the last).
+# Per row: the median step time (rank 0's, steps 3 and on), the largest
+# peak RSS over the ranks, the largest peak of all-gathered parameter bytes
+# alive at once (the engine's count), and the ratios to the row's baseline.
+#
+#   bazel run -c opt //bench:controls -- [--steps N] [extra main-job flags]
+set -uo pipefail
+train="$(realpath "$1")"; shift
+steps=6
+if [[ "${1:-}" == --steps ]]; then steps="$2"; shift 2; fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+model=(--n-layer 12 --n-embd 768 --n-head 12 --data synthetic --vocab-size 256
+       --block-size 128 --progress-bar 0 --log-every 1000 --steps "$steps")
+
+median_ms() {
+  grep -o '"step_ms": [0-9.]*' "$1" | awk 'NR > 2 {print $2}' | sort -n |
+    awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'
+}
+max_field() {  # max_field LOG 'peak RSS': the largest "<field> X MiB" over the ranks
+  grep -oE "$2 [0-9.]+ MiB" "$1" | awk '{v = $(NF - 1); if (v > m) m = v} END {print m + 0}'
+}
+
+# run LABEL BASELINE_LABEL ARGS...: one row.
+declare -A ms rss gathered
+run() {
+  local label="$1" base="$2"; shift 2
+  local log="$tmp/$label.log" metrics="$tmp/$label.jsonl"
+  if ! "$train" "${model[@]}" --metrics-out "$metrics" --out-dir "$tmp/$label" "$@" > "$log" 2>&1; then
+    echo "$label failed:"; tail -5 "$log"; return
+  fi
+  ms[$label]=$(median_ms "$metrics")
+  rss[$label]=$(max_field "$log" 'peak RSS')
+  gathered[$label]=$(max_field "$log" 'peak unsharded params')
+  printf "%-28s %9.0f %12.1f %14.1f %9.3f %9.3f\n" "$label" "${ms[$label]}" "${rss[$label]}" \
+    "${gathered[$label]}" "$(awk -v a="${ms[$label]}" -v b="${ms[$base]:-0}" 'BEGIN {print b ? a / b : 0}')" \
+    "$(awk -v a="${rss[$label]}" -v b="${rss[$base]:-0}" 'BEGIN {print b ? a / b : 0}')"
+}
+
+printf "%-28s %9s %12s %14s %9s %9s\n" run "step ms" "peak RSS MiB" "gathered MiB" "ms/base" "RSS/base"
+run "prefetch 1 (default)" "prefetch 1 (default)" --nproc 2 --batch-size 2 --prefetch-depth 1 "$@"
+for d in 0 2 3; do
+  run "prefetch $d" "prefetch 1 (default)" --nproc 2 --batch-size 2 --prefetch-depth "$d" "$@"
+done
+hsdp=(--nproc 4 --strategy hybrid_shard --shard-group-size 2 --batch-size 4 --grad-accum 4)
+run "hsdp accum 4 local" "hsdp accum 4 local" "${hsdp[@]}" --grad-accum-mode local "$@"
+run "hsdp accum 4 sharded" "hsdp accum 4 local" "${hsdp[@]}" --grad-accum-mode sharded "$@"
