@@ -11,11 +11,15 @@
 # peak RSS over the ranks, the largest peak of all-gathered parameter bytes
 # alive at once (the engine's count), and the ratios to the row's baseline.
 #
-#   bazel run -c opt //bench:controls -- [--steps N] [extra main-job flags]
+#   bazel run -c opt //bench:controls -- [--steps N] [--rows prefetch|accum] [extra main-job flags]
 set -uo pipefail
 train="$(realpath "$1")"; shift
 steps=6
-if [[ "${1:-}" == --steps ]]; then steps="$2"; shift 2; fi
+rows=all
+while [[ "${1:-}" == --steps || "${1:-}" == --rows ]]; do
+  if [[ "$1" == --steps ]]; then steps="$2"; else rows="$2"; fi
+  shift 2
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model=(--n-layer 12 --n-embd 768 --n-head 12 --data synthetic --vocab-size 256
@@ -46,10 +50,14 @@ run() {
 }
 
 printf "%-28s %9s %12s %14s %9s %9s\n" run "step ms" "peak RSS MiB" "gathered MiB" "ms/base" "RSS/base"
-run "prefetch 1 (default)" "prefetch 1 (default)" --nproc 2 --batch-size 2 --prefetch-depth 1 "$@"
-for d in 0 2 3; do
-  run "prefetch $d" "prefetch 1 (default)" --nproc 2 --batch-size 2 --prefetch-depth "$d" "$@"
-done
-hsdp=(--nproc 4 --strategy hybrid_shard --shard-group-size 2 --batch-size 4 --grad-accum 4)
-run "hsdp accum 4 local" "hsdp accum 4 local" "${hsdp[@]}" --grad-accum-mode local "$@"
-run "hsdp accum 4 sharded" "hsdp accum 4 local" "${hsdp[@]}" --grad-accum-mode sharded "$@"
+if [[ $rows != accum ]]; then
+  run "prefetch 1 (default)" "prefetch 1 (default)" --nproc 2 --batch-size 2 --prefetch-depth 1 "$@"
+  for d in 0 2 3; do
+    run "prefetch $d" "prefetch 1 (default)" --nproc 2 --batch-size 2 --prefetch-depth "$d" "$@"
+  done
+fi
+if [[ $rows != prefetch ]]; then
+  hsdp=(--nproc 4 --strategy hybrid_shard --shard-group-size 2 --batch-size 4 --grad-accum 4)
+  run "hsdp accum 4 local" "hsdp accum 4 local" "${hsdp[@]}" --grad-accum-mode local "$@"
+  run "hsdp accum 4 sharded" "hsdp accum 4 local" "${hsdp[@]}" --grad-accum-mode sharded "$@"
+fi

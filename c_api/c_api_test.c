@@ -562,8 +562,15 @@ static void TestOptionErrors(void) {
   EXPECT(o.forward_prefetch == 2 && o.backward_prefetch == 0 &&
              o.gradient_accumulation == FSDP2_ACCUMULATE_SHARDED && o.gradient_divide_factor == 1,
          "controls json");
+  CHECK_OK(fsdp2_strategy_options_from_json("{\"reshard_after_forward\": 2}", &o));
+  EXPECT(o.reshard_after_forward == 2, "reshard_after_forward as a group size");
+  CHECK_OK(fsdp2_strategy_options_from_json("{\"reshard_after_forward\": false}", &o));
+  EXPECT(o.reshard_after_forward == 0, "reshard_after_forward false");
   EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"gradient_accumulation\": \"never\"}", &o),
                FSDP2_ERROR_INVALID_ARGUMENT, "local, sharded");
+  fsdp2_strategy_options_init(&o);
+  o.reshard_after_forward = -2;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "a group size");
   fsdp2_strategy_options_init(&o);
   o.backward_prefetch = -1;
   EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "backward_prefetch");

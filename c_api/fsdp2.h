@@ -250,7 +250,11 @@ typedef struct fsdp2_strategy_options {
   int32_t data_parallel_size;   /* 0: "auto" */
   int32_t tensor_parallel_size; /* 0: "auto" */
   int32_t sharding_strategy;     /* an fsdp2_sharding_strategy_t */
-  int32_t reshard_after_forward; /* -1: the strategy's default, 0: no, 1: yes */
+  int32_t reshard_after_forward; /* -1: the strategy's default, 0: no, 1: yes,
+                                    k >= 2 (ABI 1.6): only down to groups of k
+                                    consecutive ranks (a host's), so backward
+                                    all-gathers stay inside them; k divides
+                                    the shard group */
   int32_t shard_group_size;      /* HYBRID_SHARD ranks per group; 0: a node */
   int32_t precision;             /* an fsdp2_precision_t; default BF16 */
   int32_t cpu_offload;           /* 0 or 1 */

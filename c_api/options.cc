@@ -35,7 +35,8 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
           v, key, {{"full_shard", FSDP2_FULL_SHARD}, {"shard_grad_op", FSDP2_SHARD_GRAD_OP},
                    {"no_shard", FSDP2_NO_SHARD}, {"hybrid_shard", FSDP2_HYBRID_SHARD}});
     } else if (key == "reshard_after_forward") {
-      o.reshard_after_forward = v.is_null() ? -1 : JsonBool(v, key);
+      o.reshard_after_forward =
+          v.is_null() ? -1 : v.is_number_integer() ? JsonNumber<int32_t>(v, key) : JsonBool(v, key);
     } else if (key == "shard_group_size") {
       o.shard_group_size = JsonNumber<int32_t>(v, key);
     } else if (key == "precision") {

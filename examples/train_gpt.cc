@@ -63,6 +63,7 @@ struct Flags {
   std::string strategy = "full_shard";
   int shard_group_size = 0;
   int prefetch_depth = 1;  // forward and backward
+  int reshard_after_forward = -1;  // -1: the strategy's default
   std::string grad_accum_mode = "local";
   int timeout_s = 300;  // FSDP2_TIMEOUT_S, when set, is the default
   int steps = 30;
@@ -188,6 +189,11 @@ Flags ParseFlags(int argc, char** argv) {
     f.prefetch_depth = parser.Int("prefetch-depth", f.prefetch_depth,
                                   "units all-gathered ahead in forward and backward "
                                   "(0: none, least memory)");
+    f.reshard_after_forward = parser.Int(
+        "reshard-after-forward", f.reshard_after_forward,
+        "-1: the strategy's default, 0: keep parameters gathered until backward, 1: free "
+        "them, K: keep them sharded over groups of K ranks (a host's) so backward "
+        "all-gathers stay inside the group");
     f.grad_accum_mode = parser.String(
         "grad-accum-mode", f.grad_accum_mode,
         "local (keep unsharded gradients until the last micro-batch) | sharded "
@@ -251,6 +257,7 @@ Flags ParseFlags(int argc, char** argv) {
   if (f.max_restarts < 0) Fail("--max-restarts must be 0 or more");
   if (f.shard_group_size < 0) Fail("--shard-group-size must be 0 (a host) or positive");
   if (f.prefetch_depth < 0) Fail("--prefetch-depth must be 0 or more");
+  if (f.reshard_after_forward < -1) Fail("--reshard-after-forward must be -1, 0, 1 or a group size");
   if (f.grad_accum_mode != "local" && f.grad_accum_mode != "sharded") {
     Fail("--grad-accum-mode must be local or sharded, got '" + f.grad_accum_mode + "'");
   }
@@ -389,6 +396,11 @@ int RunRank(const Flags& f) {
   options.backend = backend ? backend : "gloo";
   options.device = f.device;
   options.shard_group_size = f.shard_group_size;
+  if (f.reshard_after_forward == 0 || f.reshard_after_forward == 1) {
+    options.reshard_after_forward = f.reshard_after_forward == 1;
+  } else if (f.reshard_after_forward > 1) {
+    options.reshard_after_forward_size = f.reshard_after_forward;
+  }
   options.forward_prefetch = f.prefetch_depth;
   options.backward_prefetch = f.prefetch_depth;
   options.gradient_accumulation = f.grad_accum_mode;

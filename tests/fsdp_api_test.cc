@@ -291,6 +291,17 @@ TEST(FullyShard, BadControlsAreErrors) {
           << e.what();
     }
   }
+  o = Options(SingleRankMesh());
+  o.reshard_after_forward_size = 2;
+  try {
+    fsdp::fully_shard(a, o);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("reshard_after_forward_size 2 must be 0 or divide the "
+                                         "shard group size 1"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_FALSE(fsdp::unit_of(*a)) << "a refused module stays unsharded";
   fsdp::fully_shard(a, Options(SingleRankMesh()));
   EXPECT_THROW(fsdp::set_gradient_divide_factor(*a, 0), std::invalid_argument);

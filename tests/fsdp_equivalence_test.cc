@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "core/comm/world.h"
 #include "tests/harness/multi_process.h"
@@ -193,6 +196,29 @@ TEST(Controls, PrefetchDepthsLeaveTrainingUnchanged) {
   ac.ac = "full";
   ac.controls = "fp=2,bp=2";
   ExpectEquivalent(ac, kFloat64, {2, 3});
+}
+
+// Resharding after forward only down to blocks of K ranks (hpZ): backward
+// all-gathers inside each block from the rows kept there. K = 1 is full
+// resharding and K = the shard group size none; with activation
+// checkpointing, accumulation and every strategy that shards.
+TEST(Controls, PartialReshardAfterForward) {
+  const std::vector<std::tuple<std::string, std::string, int, std::string, std::vector<int>>>
+      cases = {{"full_shard", "raf=2", 1, "none", {2, 4}},
+               {"full_shard", "raf=1", 1, "none", {1, 2, 3, 4}},
+               {"full_shard", "raf=3", 1, "none", {3}},
+               {"shard_grad_op", "raf=2", 2, "none", {4}},
+               {"hybrid_shard", "raf=1", 1, "none", {4}},
+               {"full_shard", "raf=2,fp=2,bp=2", 2, "full", {4}}};
+  for (const auto& [strategy, controls, accum, ac, worlds] : cases) {
+    TrainSpec spec;
+    spec.strategy = strategy;
+    spec.steps = 4;
+    spec.grad_accum = accum;
+    spec.ac = ac;
+    spec.controls = controls;
+    ExpectEquivalent(spec, kFloat64, worlds);
+  }
 }
 
 // A divide factor of 1 sums the ranks' gradients: one process with its loss

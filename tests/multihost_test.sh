@@ -159,6 +159,27 @@ else
   echo "FAIL: hybrid_shard with --grad-accum-mode sharded on 2 hosts x 2 ranks exited non-zero:"; echo "$out"; fail=1
 fi
 
+# FULL_SHARD resharding after forward only down to each host's 2 ranks
+# (--reshard-after-forward 2, hpZ): backward all-gathers inside the host,
+# so fewer bytes cross than with full resharding, and the losses are still
+# one process's.
+before=$(tx_bytes)
+if out=$(RUN_NAME=fsdp-hpz run_hosts full_shard --reshard-after-forward 2); then
+  hpz_crossed=$(( $(tx_bytes) - before ))
+  l=$(grep '^\[rank 0\]' <<<"$out" | losses)
+  if [[ "$l" != "$l1" ]]; then
+    echo "FAIL: full_shard --reshard-after-forward 2 on 2 hosts differs from one process:"
+    paste <(echo "$l1") <(echo "$l"); echo "$out"; fail=1
+  fi
+  if [[ -n "${crossed[full_shard]:-}" ]] && (( hpz_crossed >= crossed[full_shard] )); then
+    echo "FAIL: --reshard-after-forward 2 sent $hpz_crossed bytes between the hosts, not fewer than full resharding's ${crossed[full_shard]}"
+    fail=1
+  fi
+  echo "full_shard --reshard-after-forward 2: losses equal one process; bytes host0 -> host1 $hpz_crossed (full resharding: ${crossed[full_shard]:-?})"
+else
+  echo "FAIL: full_shard --reshard-after-forward 2 on 2 hosts x 2 ranks exited non-zero:"; echo "$out"; fail=1
+fi
+
 # A job on 2 hosts whose MASTER_ADDR is loopback cannot know the network
 # between them: each rank on host 0 must say so and name GLOO_SOCKET_IFNAME.
 # (The file store lets the ranks meet without TCP.)

@@ -243,6 +243,7 @@ namespace {
 struct Controls {
   bool reduce_scatter_each = false;
   int forward_prefetch = 1, backward_prefetch = 1;
+  int reshard_after_forward_size = 0;
   double divide_factor = 0;  // 0: the data-parallel size
   std::string ignored;
 };
@@ -260,6 +261,8 @@ Controls ParseControls(const std::string& text) {
       c.forward_prefetch = std::stoi(value);
     } else if (key == "bp") {
       c.backward_prefetch = std::stoi(value);
+    } else if (key == "raf") {
+      c.reshard_after_forward_size = std::stoi(value);
     } else if (key == "div") {
       c.divide_factor = std::stod(value);
     } else if (key == "ignore") {
@@ -323,6 +326,7 @@ TrainOutput TrainSharded(const TrainSpec& spec,
   const Controls controls = ParseControls(spec.controls);
   options.forward_prefetch = controls.forward_prefetch;
   options.backward_prefetch = controls.backward_prefetch;
+  options.reshard_after_forward_size = controls.reshard_after_forward_size;
   if (controls.divide_factor > 0) {
     options.gradient_divide_factor = controls.divide_factor;
   }

@@ -89,6 +89,7 @@ struct TrainSpec {
   //           all-reduce across replicas only at the last
   //           (set_requires_all_reduce) instead of no-sync
   //   fp=D    forward_prefetch D;  bp=D  backward_prefetch D
+  //   raf=K   reshard_after_forward_size K
   //   div=F   gradient_divide_factor F (the reference scales its loss by
   //           world / F, which gives the same gradients)
   //   ignore=NAME  the parameter NAME is in ignored_params: each rank keeps

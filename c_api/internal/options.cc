@@ -64,9 +64,14 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
       throw InvalidArgumentError("unknown sharding_strategy " +
                                  std::to_string(o.sharding_strategy));
   }
-  Require(o.reshard_after_forward >= -1 && o.reshard_after_forward <= 1,
-          "reshard_after_forward must be -1 (default), 0 or 1");
-  if (o.reshard_after_forward >= 0) out.reshard_after_forward = o.reshard_after_forward == 1;
+  Require(o.reshard_after_forward >= -1,
+          "reshard_after_forward must be -1 (default), 0, 1 or a group size, got " +
+              std::to_string(o.reshard_after_forward));
+  if (o.reshard_after_forward == 0 || o.reshard_after_forward == 1) {
+    out.reshard_after_forward = o.reshard_after_forward == 1;
+  } else if (o.reshard_after_forward > 1) {
+    out.reshard_after_forward_size = o.reshard_after_forward;
+  }
   out.shard_group_size = o.shard_group_size;
   switch (o.precision) {
     case FSDP2_PRECISION_FP32: out.mp_policy = fsdp::MixedPrecisionPolicy{}; break;

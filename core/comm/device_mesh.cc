@@ -96,6 +96,32 @@ const std::shared_ptr<ProcessGroup>& DeviceMesh::group(
   return groups_[dim_index(dim)];
 }
 
+std::shared_ptr<ProcessGroup> DeviceMesh::block_group(const std::string& dim,
+                                                      int size) {
+  const int d = dim_index(dim);
+  if (size < 1 || shape_[d] % size != 0) {
+    throw InvalidArgumentError("DeviceMesh: blocks of " + std::to_string(size) +
+                               " ranks do not divide dimension '" + dim + "' of " +
+                               ToString());
+  }
+  auto cached = block_groups_.find({d, size});
+  if (cached != block_groups_.end()) return cached->second;
+  int stride = 1;
+  for (size_t e = d + 1; e < shape_.size(); ++e) stride *= shape_[e];
+  std::vector<std::vector<int>> blocks;
+  for (int r = 0; r < world_->size(); ++r) {
+    if ((r / stride) % shape_[d] != 0) continue;  // r starts a line along d
+    for (int b = 0; b < shape_[d]; b += size) {
+      std::vector<int> block;
+      for (int k = b; k < b + size; ++k) block.push_back(r + k * stride);
+      blocks.push_back(std::move(block));
+    }
+  }
+  auto group = world_->new_groups(blocks, dim + "/" + std::to_string(size));
+  block_groups_[{d, size}] = group;
+  return group;
+}
+
 std::string DeviceMesh::ToString() const {
   std::ostringstream s;
   s << "DeviceMesh(";

@@ -9,8 +9,10 @@
 #ifndef FSDP2_CORE_COMM_DEVICE_MESH_H_
 #define FSDP2_CORE_COMM_DEVICE_MESH_H_
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/comm/process_group.h"
@@ -37,6 +39,13 @@ class DeviceMesh {
   int local_rank(const std::string& dim) const;
   // The group of ranks that share this rank's coordinates on every other dim.
   const std::shared_ptr<ProcessGroup>& group(const std::string& dim) const;
+  // The group of this rank's `size` consecutive neighbours along `dim`:
+  // every group of group(dim)'s kind cut into blocks of `size` ranks (with
+  // ranks numbered host by host, the ranks of one host). Made on the first
+  // call for (dim, size), collectively: every rank asks for the same ones
+  // in the same order; cached after that. Throws std::invalid_argument
+  // unless `size` is positive and divides size(dim).
+  std::shared_ptr<ProcessGroup> block_group(const std::string& dim, int size);
   const std::shared_ptr<World>& world() const { return world_; }
   std::string ToString() const;  // e.g. "DeviceMesh(replicate=2, shard=2)"
 
@@ -49,6 +58,7 @@ class DeviceMesh {
   std::vector<std::string> names_;
   std::vector<int> coords_;
   std::vector<std::shared_ptr<ProcessGroup>> groups_;
+  std::map<std::pair<int, int>, std::shared_ptr<ProcessGroup>> block_groups_;
 };
 
 }  // namespace comm

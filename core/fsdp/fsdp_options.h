@@ -47,6 +47,18 @@ struct FSDPOptions {
   // outermost sharded module) never reshards after forward: its backward
   // starts right away.
   c10::optional<bool> reshard_after_forward;
+  // Reshard after forward only down to groups of this many consecutive
+  // ranks of the shard group (PyTorch's reshard_after_forward=int, ZeRO++'s
+  // hpZ): a positive divisor of the shard group size. 0: as
+  // reshard_after_forward says. 1: full resharding (true); the shard group
+  // size: none (false). In between, after forward each rank keeps
+  // shard size / k of the unit's shards (the rows its k-rank group needs),
+  // and backward's all-gather runs inside that group only: with the ranks
+  // of a host as the group, no parameter crosses hosts in backward. Costs
+  // that much more memory between forward and backward. Overrides
+  // reshard_after_forward; std::invalid_argument from fully_shard() when it
+  // does not divide the shard group.
+  int reshard_after_forward_size = 0;
   MixedPrecisionPolicy mp_policy;
 
   // ---- controls (PyTorch's fully_shard has the same ones)

@@ -313,6 +313,7 @@ void FSDP2Strategy::parallelize() {
   fsdp_options.mesh = fsdp_mesh_;
   fsdp_options.strategy = options_.sharding_strategy;
   fsdp_options.reshard_after_forward = options_.reshard_after_forward;
+  fsdp_options.reshard_after_forward_size = options_.reshard_after_forward_size;
   fsdp_options.mp_policy = options_.mp_policy;
   fsdp_options.forward_prefetch = options_.forward_prefetch;
   fsdp_options.backward_prefetch = options_.backward_prefetch;

@@ -108,6 +108,10 @@ struct FSDP2StrategyOptions {
   fsdp::MixedPrecisionPolicy mp_policy = DefaultMixedPrecision();
   fsdp::ShardingStrategy sharding_strategy = fsdp::ShardingStrategy::kFullShard;
   c10::optional<bool> reshard_after_forward;
+  // 0, or reshard only down to groups of this many consecutive data-parallel
+  // ranks (the ranks of a host), so backward all-gathers stay inside them:
+  // fsdp::FSDPOptions::reshard_after_forward_size.
+  int reshard_after_forward_size = 0;
   // HYBRID_SHARD: ranks per shard group; the data-parallel ranks form a
   // (replicate x shard) mesh. 0: the ranks of one host, as the ranks tell
   // each other at rendezvous (host name and boot id), under any launcher;

@@ -323,7 +323,10 @@ class FSDP2Strategy(_Handle):
     Keyword options (as in fsdp2_strategy_options_t): data_parallel_size and
     tensor_parallel_size ("auto" or a number), sharding_strategy
     ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
-    reshard_after_forward, shard_group_size, precision ("bf16", "fp32"),
+    reshard_after_forward (True, False, or a group size k: after forward keep
+    the parameters sharded over groups of k consecutive ranks, a host's, so
+    backward all-gathers stay inside them), shard_group_size, precision
+    ("bf16", "fp32"),
     cpu_offload, device ("auto": the rank's GPU where CUDA devices are
     visible, else the CPU; "cpu", "cuda", "cuda:K"), backend ("gloo",
     "nccl"), timeout_ms, checkpoint_format

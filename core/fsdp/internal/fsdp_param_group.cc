@@ -45,6 +45,7 @@ void WaitTimed(const comm::CommHandle& done, double& total) {
 struct Groups {
   std::shared_ptr<comm::ProcessGroup> shard;      // null: one shard
   std::shared_ptr<comm::ProcessGroup> replicate;  // null: no replicas
+  std::string shard_dim;                          // the mesh dim of `shard`
 };
 
 // The groups `options.strategy` shards and replicates over on its mesh.
@@ -93,6 +94,7 @@ Groups PickGroups(const FSDPOptions& options) {
       break;
   }
   Groups groups;
+  groups.shard_dim = shard_dim;
   if (!shard_dim.empty() && mesh->size(shard_dim) > 1) {
     groups.shard = mesh->group(shard_dim);
   }
@@ -123,6 +125,15 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
       int64_t{shard_world_} * (replicate_group_ ? replicate_group_->size() : 1);
   set_gradient_divide_factor(options.gradient_divide_factor.value_or(
       static_cast<double>(data_parallel_size_)));
+  const int block = options.reshard_after_forward_size;
+  if (block < 0 || (block > 0 && shard_world_ % block != 0)) {
+    throw InvalidArgumentError(
+        "fully_shard: reshard_after_forward_size " + std::to_string(block) +
+        " must be 0 or divide the shard group size " + std::to_string(shard_world_));
+  }
+  if (block > 1 && block < shard_world_) {
+    post_forward_group_ = options.mesh->block_group(groups.shard_dim, block);
+  }
 
   // dtypes and device: one flat buffer needs one of each.
   at::ScalarType own_dtype = at::kFloat;
@@ -176,7 +187,9 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
 }
 
 FSDPParamGroup::~FSDPParamGroup() {
-  if (state_ != State::kSharded && !alias_shards_) {
+  if (state_ == State::kPostForward) {
+    AddUnshardedBytes(-post_forward_bytes());
+  } else if (state_ != State::kSharded && !alias_shards_) {
     try {
       unshard_done_.wait();
     } catch (...) {
@@ -200,6 +213,7 @@ int64_t FSDPParamGroup::buffer_bytes() const {
 }
 
 int64_t FSDPParamGroup::unsharded_bytes() const {
+  if (state_ == State::kPostForward) return post_forward_bytes();
   return state_ == State::kSharded ? 0 : buffer_bytes();
 }
 
@@ -214,6 +228,28 @@ int64_t FSDPParamGroup::unsharded_grad_bytes() const {
 // ---------------------------------------------------------------- unsharding
 
 void FSDPParamGroup::unshard_async() {
+  if (state_ == State::kPostForward) {
+    // Back from the post-forward state: this rank's part returns to its
+    // place, and the block group fills in the rest.
+    internal::ReallocStorage(unsharded_, unsharded_.numel() * unsharded_.element_size());
+    AddUnshardedBytes(buffer_bytes());
+    const int64_t m = shard_world_ / post_forward_group_->size();
+    const int64_t j = post_forward_group_->rank();
+    std::vector<comm::ProcessGroup::Piece> pieces;
+    for (const FSDPParam& p : params_) {
+      const int64_t n = m * p.shard_numel();
+      if (n == 0) continue;
+      unsharded_.narrow(0, shard_world_ * p.flat_offset() + j * n, n)
+          .copy_(post_forward_.narrow(0, m * p.flat_offset(), n));
+      pieces.push_back({m * p.flat_offset(), n});
+    }
+    AddUnshardedBytes(-post_forward_bytes());
+    post_forward_ = at::Tensor();
+    state_ = State::kUnshardPending;
+    ++wait_stats_.all_gathers;
+    unshard_done_ = post_forward_group_->all_gather_pieces(unsharded_, std::move(pieces));
+    return;
+  }
   if (state_ != State::kSharded) return;
   if (alias_shards_) {
     for (FSDPParam& p : params_) p.point_compute_at_shard();
@@ -237,7 +273,7 @@ void FSDPParamGroup::unshard_async() {
 }
 
 void FSDPParamGroup::wait_unshard() {
-  if (state_ == State::kSharded) unshard_async();
+  if (state_ == State::kSharded || state_ == State::kPostForward) unshard_async();
   if (state_ != State::kUnshardPending) return;
   comm::CommHandle done = unshard_done_;
   unshard_done_ = comm::CommHandle();
@@ -250,6 +286,12 @@ void FSDPParamGroup::wait_unshard() {
 
 void FSDPParamGroup::reshard() {
   if (alias_shards_ || state_ == State::kSharded) return;
+  if (state_ == State::kPostForward) {
+    AddUnshardedBytes(-post_forward_bytes());
+    post_forward_ = at::Tensor();
+    state_ = State::kSharded;
+    return;
+  }
   if (state_ == State::kUnshardPending) {
     comm::CommHandle done = unshard_done_;
     unshard_done_ = comm::CommHandle();
@@ -260,6 +302,30 @@ void FSDPParamGroup::reshard() {
   AddUnshardedBytes(-buffer_bytes());
   internal::FreeStorage(unsharded_);
   state_ = State::kSharded;
+}
+
+void FSDPParamGroup::reshard_after_forward() {
+  if (!post_forward_group_ || state_ == State::kSharded ||
+      state_ == State::kPostForward) {
+    reshard();
+    return;
+  }
+  wait_unshard();
+  // This rank's part for its block group: for each parameter, the rows of
+  // the m consecutive shard ranks at its place in the group.
+  const int64_t m = shard_world_ / post_forward_group_->size();
+  const int64_t j = post_forward_group_->rank();
+  post_forward_ = at::empty({m * flat_numel_}, compute_options_);
+  for (const FSDPParam& p : params_) {
+    const int64_t n = m * p.shard_numel();
+    if (n == 0) continue;
+    post_forward_.narrow(0, m * p.flat_offset(), n)
+        .copy_(unsharded_.narrow(0, shard_world_ * p.flat_offset() + j * n, n));
+  }
+  for (FSDPParam& p : params_) p.free_compute(compute_options_);
+  AddUnshardedBytes(post_forward_bytes() - buffer_bytes());
+  internal::FreeStorage(unsharded_);
+  state_ = State::kPostForward;
 }
 
 // ------------------------------------------------------------------ reducing

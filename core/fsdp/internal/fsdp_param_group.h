@@ -54,6 +54,11 @@ class FSDPParamGroup {
   void unshard_async();  // starts the all-gather (copy-in, then collective)
   void wait_unshard();   // finishes it; the parameters view the buffer
   void reshard();        // frees the buffer (after an all-gather in flight)
+  // The reshard after a forward: with FSDPOptions::reshard_after_forward_size
+  // strictly between 1 and the shard group size, keeps the rows this rank's
+  // block group needs (post-forward state), so that the next unshard_async()
+  // all-gathers within that group only; otherwise reshard().
+  void reshard_after_forward();
 
   // Whether the unsharded buffer is valid (all-gathered and waited for):
   // false when sharded or with an all-gather in flight.
@@ -135,7 +140,12 @@ class FSDPParamGroup {
   int64_t reduction_width() const {
     return flat_numel_ + static_cast<int64_t>(params_.size());
   }
-  enum class State { kSharded, kUnshardPending, kUnsharded };
+  // kPostForward: sharded over the block group (post_forward_ holds this
+  // rank's part), see reshard_after_forward().
+  enum class State { kSharded, kPostForward, kUnshardPending, kUnsharded };
+  int64_t post_forward_bytes() const {
+    return post_forward_.defined() ? post_forward_.nbytes() : 0;
+  }
 
   std::vector<FSDPParam> params_;
   std::shared_ptr<comm::ProcessGroup> shard_group_;      // null: world 1
@@ -156,6 +166,12 @@ class FSDPParamGroup {
   bool deferred_ = false;
 
   State state_ = State::kSharded;
+  // The block group backward all-gathers over after a partial reshard
+  // (null: reshard fully), and this rank's part of the unsharded buffer in
+  // that state: [shard_world_ / block size * flat_numel_], each parameter's
+  // part at its flat offset times that ratio.
+  std::shared_ptr<comm::ProcessGroup> post_forward_group_;
+  at::Tensor post_forward_;
   // [world * (flat_numel_ + params)]: the parameters in the first world *
   // flat_numel_ elements; storage freed when sharded.
   at::Tensor unsharded_;

@@ -76,6 +76,10 @@ FSDPUnit::FSDPUnit(const std::shared_ptr<torch::nn::Module>& module,
   reshard_after_forward_ = options_.reshard_after_forward.value_or(
       options_.strategy == ShardingStrategy::kFullShard ||
       options_.strategy == ShardingStrategy::kHybridShard);
+  if (options_.reshard_after_forward_size > 0) {
+    // 1: fully; the whole shard group: not at all; else down to blocks.
+    reshard_after_forward_ = options_.reshard_after_forward_size < group_.shard_world();
+  }
   const auto& sharded = group_.params();
   for (size_t i = 0; i < sharded.size(); ++i) {
     if (sharded[i].requires_grad()) grad_params_.push_back(i);
@@ -85,7 +89,11 @@ FSDPUnit::FSDPUnit(const std::shared_ptr<torch::nn::Module>& module,
 void FSDPUnit::skip_forward(bool grad) {
   if (!group_.gathers()) return;
   group_.wait_unshard();
-  if (reshard_after_forward_ || !grad) group_.reshard();
+  if (!grad) {
+    group_.reshard();
+  } else if (reshard_after_forward_) {
+    group_.reshard_after_forward();
+  }
 }
 
 bool FSDPUnit::pre_backward_in(
@@ -105,7 +113,8 @@ bool FSDPUnit::post_backward_in(
 // ------------------------------------------------------------------- forward
 
 std::shared_ptr<FSDPRootState> FSDPUnit::init_as_root() {
-  if (!options_.reshard_after_forward.has_value()) {
+  if (!options_.reshard_after_forward.has_value() &&
+      options_.reshard_after_forward_size == 0) {
     reshard_after_forward_ = false;  // its backward starts right away
   }
   auto alive = module_alive_.lock();
@@ -163,7 +172,11 @@ void FSDPUnit::attach_grad_node() {
 std::vector<at::Tensor> FSDPUnit::post_forward(
     std::vector<at::Tensor> outputs) {
   const bool grad = at::GradMode::is_enabled();
-  if (reshard_after_forward_ || !grad) group_.reshard();
+  if (!grad) {
+    group_.reshard();
+  } else if (reshard_after_forward_) {
+    group_.reshard_after_forward();
+  }
   if (root_state_) root_state_->end_forward();
   const auto& dtype = options_.mp_policy.output_dtype;
   if (root_state_ && dtype.has_value()) {

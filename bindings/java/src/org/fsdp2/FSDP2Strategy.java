@@ -83,6 +83,15 @@ public final class FSDP2Strategy extends Handle {
       return set("reshard_after_forward", reshard);
     }
 
+    /**
+     * Reshard after forward only down to groups of this many consecutive ranks
+     * (a host's), so backward all-gathers stay inside them; it divides the
+     * shard group. 1: fully, as reshardAfterForward(true).
+     */
+    public Builder reshardAfterForward(int groupSize) {
+      return set("reshard_after_forward", groupSize);
+    }
+
     /** HYBRID_SHARD: ranks per sharding group (0: one node). */
     public Builder shardGroupSize(int ranks) {
       return set("shard_group_size", ranks);
