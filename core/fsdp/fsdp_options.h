@@ -79,10 +79,10 @@ struct FSDPOptions {
   c10::optional<double> gradient_divide_factor;
   // Parameters of the module's subtree that this unit leaves alone: not
   // sharded, never all-gathered, cast or reduced; each rank keeps its own
-  // full copy and its .grad is this rank's own gradient (all-reduce it
-  // yourself, or let FSDP2Strategy's ignored_params do it). Matched by
-  // tensor identity (tensors that are not the module's are passed over, so
-  // one list can serve every unit). Mixed precision does not cast them: a module that
+  // full copy and its .grad is this rank's own gradient: all-reduce it
+  // yourself after the backward that syncs. Matched by tensor identity
+  // (tensors that are not the module's are passed over, so one list can
+  // serve every unit). Mixed precision does not cast them: a module that
   // combines them with param_dtype activations must accept the mix.
   std::vector<at::Tensor> ignored_params;
 };

@@ -14,7 +14,9 @@ namespace fsdp {
 // Per-rank bytes held by the sharded modules under a root.
 struct MemoryStats {
   int64_t sharded_param_bytes = 0;    // local shards (optimizer's params)
-  int64_t sharded_grad_bytes = 0;     // local shards' .grad
+  int64_t sharded_grad_bytes = 0;     // local shards' .grad, and reduced
+                                      // gradients held back for an all-reduce
+                                      // (set_requires_all_reduce)
   int64_t unsharded_param_bytes = 0;  // all-gathered params alive now
   int64_t unsharded_grad_bytes = 0;   // accumulated no-sync gradients
   int64_t total_param_numel = 0;      // global (unsharded) parameter count
