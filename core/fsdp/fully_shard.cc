@@ -62,20 +62,15 @@ void CheckNotOwnedElsewhere(const torch::nn::Module& module,
   }
 }
 
-// Throws std::invalid_argument for controls fully_shard cannot honour: a
-// negative prefetch depth, a divide factor that is not positive.
-void CheckControls(const FSDPOptions& options) {
+// Throws std::invalid_argument for a negative prefetch depth (the divide
+// factor and the reshard size are checked by FSDPParamGroup, before it
+// shards anything).
+void CheckPrefetch(const FSDPOptions& options) {
   if (options.forward_prefetch < 0 || options.backward_prefetch < 0) {
     throw InvalidArgumentError(
         "fully_shard: prefetch depths must be 0 or more, got forward_prefetch " +
         std::to_string(options.forward_prefetch) + ", backward_prefetch " +
         std::to_string(options.backward_prefetch));
-  }
-  const auto& factor = options.gradient_divide_factor;
-  if (factor.has_value() && (!(*factor > 0) || !std::isfinite(*factor))) {
-    throw InvalidArgumentError(
-        "fully_shard: gradient_divide_factor must be a positive number, got " +
-        std::to_string(*factor));
   }
 }
 
@@ -116,7 +111,7 @@ std::shared_ptr<FSDPUnit> fully_shard(
                                 "' is already sharded; apply fully_shard "
                                 "once per module");
   }
-  CheckControls(options);
+  CheckPrefetch(options);
   std::unordered_set<c10::TensorImpl*> ignored;
   for (const at::Tensor& t : options.ignored_params) {
     ignored.insert(t.unsafeGetTensorImpl());

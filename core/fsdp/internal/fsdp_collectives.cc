@@ -67,14 +67,13 @@ PendingReduction ReduceGrads(
         output.div_(f).add_(partial);
       });
     }
-    replicate_group->all_reduce(out.output, comm::ReduceOp::kSum,
-                                comm::Lane::kGradient);
-    if (partial.defined()) {
-      out.done = replicate_group->submit(comm::Lane::kGradient, [] {});
-    } else {
-      out.done = replicate_group->submit(
-          comm::Lane::kGradient, [output = out.output, f] { output.div_(f); });
-    }
+    comm::CommHandle reduced = replicate_group->all_reduce(
+        out.output, comm::ReduceOp::kSum, comm::Lane::kGradient);
+    // With a partial sum the division came first; else it follows.
+    out.done = partial.defined()
+                   ? reduced
+                   : replicate_group->submit(comm::Lane::kGradient,
+                                             [output = out.output, f] { output.div_(f); });
     return out;
   }
   out.output = input.narrow(0, shard_group->rank() * width, width);

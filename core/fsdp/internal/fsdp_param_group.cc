@@ -104,6 +104,23 @@ Groups PickGroups(const FSDPOptions& options) {
   return groups;
 }
 
+// Calls fn(unsharded_part, kept_part) for each parameter with rows: the
+// part of the unsharded buffer (`world` ranks, parameter-major) that this
+// rank keeps after a partial reshard as member `member` of a block of
+// world / `per_member` ranks, and its place in the kept buffer (each
+// parameter at `per_member` times its flat offset).
+template <typename Fn>
+void ForEachBlockPart(const std::vector<FSDPParam>& params, const at::Tensor& unsharded,
+                      const at::Tensor& kept, int64_t world, int64_t per_member,
+                      int64_t member, Fn fn) {
+  for (const FSDPParam& p : params) {
+    const int64_t n = per_member * p.shard_numel();
+    if (n == 0) continue;
+    fn(unsharded.narrow(0, world * p.flat_offset() + member * n, n),
+       kept.narrow(0, per_member * p.flat_offset(), n), per_member * p.flat_offset());
+  }
+}
+
 }  // namespace
 
 int64_t PeakUnshardedBytes() { return g_peak_unsharded_bytes.load(); }
@@ -233,16 +250,13 @@ void FSDPParamGroup::unshard_async() {
     // place, and the block group fills in the rest.
     internal::ReallocStorage(unsharded_, unsharded_.numel() * unsharded_.element_size());
     AddUnshardedBytes(buffer_bytes());
-    const int64_t m = shard_world_ / post_forward_group_->size();
-    const int64_t j = post_forward_group_->rank();
     std::vector<comm::ProcessGroup::Piece> pieces;
-    for (const FSDPParam& p : params_) {
-      const int64_t n = m * p.shard_numel();
-      if (n == 0) continue;
-      unsharded_.narrow(0, shard_world_ * p.flat_offset() + j * n, n)
-          .copy_(post_forward_.narrow(0, m * p.flat_offset(), n));
-      pieces.push_back({m * p.flat_offset(), n});
-    }
+    ForEachBlockPart(params_, unsharded_, post_forward_, shard_world_,
+                     shard_world_ / post_forward_group_->size(), post_forward_group_->rank(),
+                     [&](const at::Tensor& part, const at::Tensor& kept, int64_t offset) {
+                       part.copy_(kept);
+                       pieces.push_back({offset, kept.numel()});
+                     });
     AddUnshardedBytes(-post_forward_bytes());
     post_forward_ = at::Tensor();
     state_ = State::kUnshardPending;
@@ -313,15 +327,13 @@ void FSDPParamGroup::reshard_after_forward() {
   wait_unshard();
   // This rank's part for its block group: for each parameter, the rows of
   // the m consecutive shard ranks at its place in the group.
-  const int64_t m = shard_world_ / post_forward_group_->size();
-  const int64_t j = post_forward_group_->rank();
-  post_forward_ = at::empty({m * flat_numel_}, compute_options_);
-  for (const FSDPParam& p : params_) {
-    const int64_t n = m * p.shard_numel();
-    if (n == 0) continue;
-    post_forward_.narrow(0, m * p.flat_offset(), n)
-        .copy_(unsharded_.narrow(0, shard_world_ * p.flat_offset() + j * n, n));
-  }
+  const int64_t per_member = shard_world_ / post_forward_group_->size();
+  post_forward_ = at::empty({per_member * flat_numel_}, compute_options_);
+  ForEachBlockPart(params_, unsharded_, post_forward_, shard_world_, per_member,
+                   post_forward_group_->rank(),
+                   [](const at::Tensor& part, const at::Tensor& kept, int64_t) {
+                     kept.copy_(part);
+                   });
   for (FSDPParam& p : params_) p.free_compute(compute_options_);
   AddUnshardedBytes(post_forward_bytes() - buffer_bytes());
   internal::FreeStorage(unsharded_);
