@@ -10,16 +10,29 @@
 # Per row: the median step time (rank 0's, steps 3 and on), the largest
 # peak RSS over the ranks, the largest peak of all-gathered parameter bytes
 # alive at once (the engine's count), and the ratios to the row's baseline.
+# With --pytorch 1 each prefetch row is followed by PyTorch's own FSDP2 on
+# the same model, batch and cores (bench/python_ddp_gpt.py --fsdp2 1 --bf16 1
+# --prefetch D: explicit lists of D blocks each way; its median step is the
+# slowest rank's, its RSS the largest rank's), and the ratio fsdp2 / PyTorch.
 #
-#   bazel run -c opt //bench:controls -- [--steps N] [--rows prefetch|accum] [extra main-job flags]
+#   bazel run -c opt //bench:controls -- [--steps N] [--rows prefetch|accum] [--pytorch 1] [extra main-job flags]
 set -uo pipefail
 train="$(realpath "$1")"; shift
 steps=6
 rows=all
-while [[ "${1:-}" == --steps || "${1:-}" == --rows ]]; do
-  if [[ "$1" == --steps ]]; then steps="$2"; else rows="$2"; fi
+pytorch=0
+while [[ "${1:-}" == --steps || "${1:-}" == --rows || "${1:-}" == --pytorch ]]; do
+  case "$1" in
+    --steps) steps="$2" ;;
+    --rows) rows="$2" ;;
+    --pytorch) pytorch="$2" ;;
+  esac
   shift 2
 done
+here="$(dirname "$(realpath "${BASH_SOURCE[0]}")")"
+venv_python="${FSDP2_VENV:-/opt/fsdp2/venv}/bin/python3"  # scripts/setup.sh's
+[[ -x "$venv_python" ]] || venv_python=python3
+python="${FSDP2_PYTHON:-$venv_python}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model=(--n-layer 12 --n-embd 768 --n-head 12 --data synthetic --vocab-size 256
@@ -49,11 +62,31 @@ run() {
     "$(awk -v a="${rss[$label]}" -v b="${rss[$base]:-0}" 'BEGIN {print b ? a / b : 0}')"
 }
 
+# pytorch_row D: PyTorch's FSDP2 with prefetch lists of D blocks, against
+# fsdp2's row "prefetch D".
+pytorch_row() {
+  local d="$1" label="pytorch prefetch $1" out="$tmp/pytorch$1.log"
+  if ! "$python" "$here/python_ddp_gpt.py" --fsdp2 1 --bf16 1 --nproc 2 --global-batch 4 \
+      --n-layer 12 --n-embd 768 --n-head 12 --vocab-size 256 --block-size 128 \
+      --warmup 2 --steps "$((steps > 2 ? steps - 2 : 1))" --prefetch "$d" > "$out" 2>&1; then
+    echo "$label failed:"; tail -5 "$out"; return
+  fi
+  local s_ms r_mib
+  s_ms=$(awk '/^median_step_s/ {print $2 * 1000}' "$out")
+  r_mib=$(awk '/^peak_rss_mib/ {print $2}' "$out")
+  printf "%-28s %9.0f %12.1f %14s %9s %9s   fsdp2/pytorch: step %.3f, RSS %.3f\n" "$label" \
+    "$s_ms" "$r_mib" "-" "-" "-" \
+    "$(awk -v a="${ms[prefetch $d]:-0}" -v b="$s_ms" 'BEGIN {print b ? a / b : 0}')" \
+    "$(awk -v a="${rss[prefetch $d]:-0}" -v b="$r_mib" 'BEGIN {print b ? a / b : 0}')"
+}
+
 printf "%-28s %9s %12s %14s %9s %9s\n" run "step ms" "peak RSS MiB" "gathered MiB" "ms/base" "RSS/base"
 if [[ $rows != accum ]]; then
-  run "prefetch 1 (default)" "prefetch 1 (default)" --nproc 2 --batch-size 2 --prefetch-depth 1 "$@"
+  run "prefetch 1" "prefetch 1" --nproc 2 --batch-size 2 --prefetch-depth 1 "$@"
+  [[ $pytorch == 1 ]] && pytorch_row 1
   for d in 0 2 3; do
-    run "prefetch $d" "prefetch 1 (default)" --nproc 2 --batch-size 2 --prefetch-depth "$d" "$@"
+    run "prefetch $d" "prefetch 1" --nproc 2 --batch-size 2 --prefetch-depth "$d" "$@"
+    [[ $pytorch == 1 ]] && pytorch_row "$d"
   done
 fi
 if [[ $rows != prefetch ]]; then

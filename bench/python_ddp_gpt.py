@@ -15,7 +15,11 @@ any data-parallel step that runs PyTorch's kernels on the same cores. With
 `fully_shard` on each block, then on the root (FULL_SHARD: reshard after
 forward), on a 1-D CPU device mesh; `--bf16 1` is then its
 MixedPrecisionPolicy (bf16 parameters and compute, fp32 reduction), as
-fsdp2's own bf16 policy.
+fsdp2's own bf16 policy. `--prefetch D` (with `--fsdp2 1`) gives every block
+explicit prefetch lists of the D blocks after it (forward) and before it
+(backward), PyTorch's set_modules_to_forward_prefetch /
+set_modules_to_backward_prefetch: the counterpart of fsdp2's prefetch
+depth D (-1, the default, leaves PyTorch's own defaults).
 
     python3 bench/python_ddp_gpt.py --nproc 2 [--threads 1] [--bf16 1] [--no-comm 1 | --fsdp2 1]
 
@@ -106,6 +110,12 @@ def run(rank, a, port):
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
+        if a.prefetch >= 0:
+            blocks = list(model.blocks)
+            for i, block in enumerate(blocks):
+                block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + a.prefetch])
+                block.set_modules_to_backward_prefetch(
+                    blocks[max(0, i - a.prefetch):i][::-1])
         ddp, autocast = model, False
     else:
         # --no-comm 1: no DDP, so no gradient exchange (the docstring says why).
@@ -150,7 +160,8 @@ def main():
     for name, default in [("nproc", 2), ("steps", 20), ("warmup", 3), ("n-layer", 4),
                           ("n-embd", 128), ("n-head", 4), ("block-size", 64),
                           ("vocab-size", 256), ("global-batch", 16),
-                          ("threads", 0), ("bf16", 0), ("no-comm", 0), ("fsdp2", 0)]:
+                          ("threads", 0), ("bf16", 0), ("no-comm", 0), ("fsdp2", 0),
+                          ("prefetch", -1)]:
         p.add_argument("--" + name, type=int, default=default)
     a = p.parse_args()
     import socket

@@ -588,6 +588,47 @@ static void TestOptionErrors(void) {
   fsdp2_strategy_destroy(s);
   s = NULL;
 
+  /* Ignored parameters and prefetch lists (ABI 1.7): defaults, JSON in
+   * both forms, errors, and a 1.6 caller's shorter struct. */
+  fsdp2_strategy_options_init(&o);
+  EXPECT(o.ignored_params == NULL && o.ignored_params_all_reduce == 0 &&
+             o.forward_prefetch_modules == NULL && o.backward_prefetch_modules == NULL,
+         "1.7 defaults");
+  CHECK_OK(fsdp2_strategy_options_from_json(
+      "{\"ignored_params\": [\"wpe.weight\", \"blocks.*.bias\"], \"ignored_params_all_reduce\": "
+      "true, \"forward_prefetch_modules\": {\"\": [\"blocks.1\", \"blocks.0\"], \"blocks.0\": "
+      "[]}, \"backward_prefetch_modules\": \"blocks.1:blocks.0\"}", &o));
+  EXPECT(strcmp(o.ignored_params, "wpe.weight,blocks.*.bias") == 0, "ignored_params from a list");
+  EXPECT(o.ignored_params_all_reduce == 1, "ignored_params_all_reduce json");
+  EXPECT(strcmp(o.forward_prefetch_modules, ":blocks.1,blocks.0;blocks.0:") == 0,
+         "forward_prefetch_modules from an object");
+  EXPECT(strcmp(o.backward_prefetch_modules, "blocks.1:blocks.0") == 0,
+         "backward_prefetch_modules as text");
+  CHECK_OK(fsdp2_strategy_create(&o, &s));
+  fsdp2_strategy_destroy(s);
+  s = NULL;
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"ignored_params\": [\"a,b\"]}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "contains one of");
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"ignored_params\": 3}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "a string or a list of strings");
+  EXPECT_ERROR(
+      fsdp2_strategy_options_from_json("{\"forward_prefetch_modules\": {\"a\": \"b\"}}", &o),
+      FSDP2_ERROR_INVALID_ARGUMENT, "must be a list of module names");
+  fsdp2_strategy_options_init(&o);
+  o.backward_prefetch_modules = "blocks.1";
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "has no ':'");
+  fsdp2_strategy_options_init(&o);
+  o.forward_prefetch_modules = "a:b;a:c";
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "given twice");
+  fsdp2_strategy_options_init(&o);
+  o.ignored_params_all_reduce = 2;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT,
+               "ignored_params_all_reduce");
+  o.struct_size = offsetof(fsdp2_strategy_options_t, ignored_params);
+  CHECK_OK(fsdp2_strategy_create(&o, &s));
+  fsdp2_strategy_destroy(s);
+  s = NULL;
+
   /* Activation checkpointing: default, JSON (names and booleans), errors,
    * and an older caller's shorter struct (the fields take their defaults). */
   fsdp2_strategy_options_init(&o);

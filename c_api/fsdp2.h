@@ -69,7 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 6 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor */
+#define FSDP2_ABI_VERSION_MINOR 7 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -279,6 +279,33 @@ typedef struct fsdp2_strategy_options {
   int32_t gradient_accumulation; /* an fsdp2_gradient_accumulation_t; default LOCAL */
   double gradient_divide_factor; /* reduced gradients / this; 0 (default): the
                                     data-parallel size (mean), 1: the sum */
+  /* Since ABI 1.7. The strings below are borrowed until
+   * fsdp2_strategy_create returns (it copies them); those that
+   * fsdp2_strategy_options_from_json sets are the library's, kept until the
+   * process ends. NULL or "" (the defaults): none.
+   * Parameters kept out of sharding (ignored): names as the model names its
+   * parameters, or glob patterns over them (fnmatch's *, ?, [...]; * also
+   * matches dots), separated by commas: "lm_head.weight,*.bias". Each stays
+   * whole on every rank (its full size in memory on each), never sharded,
+   * all-gathered, cast to bf16 or reduced by FSDP. A pattern that matches
+   * no parameter fails fsdp2_strategy_parallelize (INVALID_ARGUMENT). */
+  const char* ignored_params;
+  int32_t ignored_params_all_reduce; /* 1: backward all-reduces their
+                                        gradients over the data-parallel
+                                        ranks (divided as FSDP's are: training
+                                        equals one process); 0 (default): each
+                                        rank keeps its own (PyTorch's rule),
+                                        and the ranks' copies drift apart */
+  /* Explicit prefetch lists, in place of the depths for the units named:
+   * "unit:listed,listed;unit:listed" with the model's module names
+   * ("blocks.0:blocks.1,blocks.2" makes blocks.0's forward all-gather
+   * blocks.1 and blocks.2 too; the root is ""). Listed units must be
+   * sharded and come after the unit in the pass (forward: module order;
+   * backward: the reverse), else fsdp2_strategy_parallelize fails
+   * (INVALID_ARGUMENT) naming them. Each listed unit costs its parameters
+   * held from the unit's turn to its own. */
+  const char* forward_prefetch_modules;
+  const char* backward_prefetch_modules;
 } fsdp2_strategy_options_t;
 
 /* Fills `options` with the defaults: auto sizes, FULL_SHARD, BF16, gloo,
@@ -290,7 +317,10 @@ FSDP2_API void fsdp2_strategy_options_init(fsdp2_strategy_options_t* options);
  * above (sizes may also be "auto"; enums are strings: "full_shard",
  * "bf16"/"fp32", "gloo"/"nccl", "sharded"/"full",
  * "activation_checkpointing": "none"/"full"/"selective" or false/true,
- * "gradient_accumulation": "local"/"sharded"), e.g.
+ * "gradient_accumulation": "local"/"sharded", "ignored_params": a string
+ * or a list of strings, "forward_prefetch_modules" and
+ * "backward_prefetch_modules": a string or an object such as
+ * {"blocks.0": ["blocks.1", "blocks.2"]}), e.g.
  *   {"data_parallel_size": "auto", "sharding_strategy": "no_shard"}
  * Keys not given keep their value. Unknown keys, wrong types and bad JSON
  * fail with FSDP2_ERROR_INVALID_ARGUMENT and leave `options` unchanged.

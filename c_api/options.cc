@@ -9,6 +9,62 @@
 
 using namespace fsdp2::c_api;  // NOLINT: the entry points below are C
 
+namespace {
+
+// A name in an option's list text: no separator of that text inside it.
+std::string ListItem(const nlohmann::json& v, const std::string& key, const char* separators) {
+  if (!v.is_string()) {
+    throw fsdp2::InvalidArgumentError("\"" + key + "\" must hold strings, got " + v.dump());
+  }
+  const std::string item = v.get<std::string>();
+  if (item.find_first_of(separators) != std::string::npos) {
+    throw fsdp2::InvalidArgumentError("\"" + key + "\": '" + item + "' contains one of \"" +
+                                      separators + "\"");
+  }
+  return item;
+}
+
+// "ignored_params": a comma-separated string or a list of names/patterns,
+// as the struct's text; null: none.
+const char* JsonNameList(const nlohmann::json& v, const std::string& key) {
+  if (v.is_null()) return nullptr;
+  if (v.is_string()) return InternString(v.get<std::string>());
+  if (!v.is_array()) {
+    throw fsdp2::InvalidArgumentError("\"" + key + "\" must be a string or a list of strings, got " +
+                                      v.dump());
+  }
+  std::string text;
+  for (const auto& item : v) text += (text.empty() ? "" : ",") + ListItem(item, key, ",");
+  return InternString(text);
+}
+
+// "*_prefetch_modules": the struct's "unit:a,b;unit:c" text, or an object
+// {"unit": ["a", "b"]} written as that text; null: none.
+const char* JsonPrefetchModules(const nlohmann::json& v, const std::string& key) {
+  if (v.is_null()) return nullptr;
+  if (v.is_string()) return InternString(v.get<std::string>());
+  if (!v.is_object()) {
+    throw fsdp2::InvalidArgumentError("\"" + key + "\" must be a string or an object of lists, got " +
+                                      v.dump());
+  }
+  std::string text;
+  for (const auto& [unit, listed] : v.items()) {
+    if (!listed.is_array()) {
+      throw fsdp2::InvalidArgumentError("\"" + key + "\": the list of '" + unit +
+                                        "' must be a list of module names, got " + listed.dump());
+    }
+    text += (text.empty() ? "" : ";") + ListItem(unit, key, ":;,") + ":";
+    bool first = true;
+    for (const auto& item : listed) {
+      text += (first ? "" : ",") + ListItem(item, key, ":;,");
+      first = false;
+    }
+  }
+  return InternString(text);
+}
+
+}  // namespace
+
 extern "C" {
 
 fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
@@ -24,7 +80,8 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
       "reshard_after_forward, shard_group_size, precision, cpu_offload, backend, "
       "timeout_ms, checkpoint_format, seed, shuffle, drop_last, "
       "activation_checkpointing, ac_every, device, forward_prefetch, backward_prefetch, "
-      "gradient_accumulation, gradient_divide_factor";
+      "gradient_accumulation, gradient_divide_factor, ignored_params, "
+      "ignored_params_all_reduce, forward_prefetch_modules, backward_prefetch_modules";
   for (const auto& [key, v] : config.items()) {
     if (key == "data_parallel_size") {
       o.data_parallel_size = JsonSize(v, key);
@@ -75,6 +132,14 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
           v, key, {{"local", FSDP2_ACCUMULATE_LOCAL}, {"sharded", FSDP2_ACCUMULATE_SHARDED}});
     } else if (key == "gradient_divide_factor") {
       o.gradient_divide_factor = JsonNumber<double>(v, key);
+    } else if (key == "ignored_params") {
+      o.ignored_params = JsonNameList(v, key);
+    } else if (key == "ignored_params_all_reduce") {
+      o.ignored_params_all_reduce = JsonBool(v, key);
+    } else if (key == "forward_prefetch_modules") {
+      o.forward_prefetch_modules = JsonPrefetchModules(v, key);
+    } else if (key == "backward_prefetch_modules") {
+      o.backward_prefetch_modules = JsonPrefetchModules(v, key);
     } else if (key == "device") {
       // "auto", "cpu", "cuda" (the local rank's GPU) or "cuda:K".
       const std::string d = v.is_string() ? v.get<std::string>() : "";

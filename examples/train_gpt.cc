@@ -396,11 +396,7 @@ int RunRank(const Flags& f) {
   options.backend = backend ? backend : "gloo";
   options.device = f.device;
   options.shard_group_size = f.shard_group_size;
-  if (f.reshard_after_forward == 0 || f.reshard_after_forward == 1) {
-    options.reshard_after_forward = f.reshard_after_forward == 1;
-  } else if (f.reshard_after_forward > 1) {
-    options.reshard_after_forward_size = f.reshard_after_forward;
-  }
+  options.set_reshard_after_forward(f.reshard_after_forward);
   options.forward_prefetch = f.prefetch_depth;
   options.backward_prefetch = f.prefetch_depth;
   options.gradient_accumulation = f.grad_accum_mode;

@@ -7,6 +7,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cmath>
+#include <functional>
 
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
@@ -324,6 +325,58 @@ TEST(FullyShard, IgnoredParametersStayWholeAndUnreduced) {
   fsdp::forward(seq, at::randn({3, 4}, at::kDouble)).sum().backward();
   EXPECT_TRUE(ignored.grad().defined());
   EXPECT_EQ(ignored.grad().sizes(), ignored.sizes());
+}
+
+// Explicit prefetch lists: what set_modules_to_*_prefetch refuses at once,
+// and what check_prefetch_lists() (and the root's first forward) refuses:
+// a unit of another root, a unit the pass reaches first.
+TEST(FullyShard, PrefetchListsAreChecked) {
+  auto build = [] {
+    models::GPT gpt(TinyGPT());
+    auto o = Options(SingleRankMesh());
+    for (size_t i = 0; i < gpt->blocks->size(); ++i) fsdp::fully_shard(gpt->block(i), o);
+    fsdp::fully_shard(gpt, o);
+    return gpt;
+  };
+  auto expect_invalid = [](const std::function<void()>& call, const std::string& text) {
+    try {
+      call();
+      FAIL() << "expected std::invalid_argument containing '" << text << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  models::GPT gpt = build(), other = build();
+  const std::shared_ptr<torch::nn::Module> b0 = gpt->block(0).ptr(), b1 = gpt->block(1).ptr();
+  torch::nn::Linear plain(4, 4);
+  expect_invalid([&] { fsdp::set_modules_to_forward_prefetch(*plain, {b0}); }, "not sharded");
+  expect_invalid([&] { fsdp::set_modules_to_forward_prefetch(*b0, {plain.ptr()}); },
+                 "not sharded");
+  expect_invalid([&] { fsdp::set_modules_to_backward_prefetch(*b0, {b0}); }, "lists itself");
+  expect_invalid([&] { fsdp::set_modules_to_forward_prefetch(*gpt, {b1, b1}); },
+                 "listed twice");
+
+  fsdp::set_modules_to_forward_prefetch(*b0, {other->block(1).ptr()});
+  expect_invalid([&] { fsdp::check_prefetch_lists(*gpt); }, "a unit of another root");
+  fsdp::set_modules_to_forward_prefetch(*b0, {});
+  fsdp::set_modules_to_forward_prefetch(*b1, {b0});
+  expect_invalid([&] { fsdp::check_prefetch_lists(*gpt); },
+                 "the forward prefetch list of 'blocks.1' names 'blocks.0', which the "
+                 "forward reaches before it");
+  const auto tokens = TokenWindows(TinyGPT().vocab_size, 2);
+  expect_invalid([&] { fsdp::forward(gpt, tokens[0]); }, "reaches before it");
+  fsdp::set_modules_to_forward_prefetch(*b1, {});
+  fsdp::set_modules_to_backward_prefetch(*b0, {b1});
+  expect_invalid([&] { fsdp::check_prefetch_lists(*gpt); },
+                 "the backward prefetch list of 'blocks.0' names 'blocks.1'");
+  // Valid lists: the root's, forward and backward (unsharded at backward).
+  fsdp::set_modules_to_backward_prefetch(*b0, {});
+  fsdp::set_modules_to_forward_prefetch(*gpt, {b1, b0});
+  fsdp::set_modules_to_backward_prefetch(*gpt, {b0, b1});
+  fsdp::check_prefetch_lists(*gpt);
+  models::LanguageModelLoss(fsdp::forward(gpt, tokens[0]), tokens[1]).backward();
+  EXPECT_EQ(fsdp::memory_stats(*gpt).unsharded_param_bytes, 0);
+  EXPECT_TRUE(b0->named_parameters()["fc.weight"].grad().defined());
 }
 
 // Explicit unshard()/reshard() on 2 ranks: an async all-gather makes a

@@ -198,6 +198,31 @@ TEST(Controls, PrefetchDepthsLeaveTrainingUnchanged) {
   ExpectEquivalent(ac, kFloat64, {2, 3});
 }
 
+// Explicit prefetch lists in place of the depths: the root's forward
+// all-gathers the last block before the first, its backward (it is still
+// unsharded then, so nothing of its own is gathered) the first block
+// before the last; a block's empty list; lists with the depths at 0;
+// with every strategy, partial resharding and activation checkpointing.
+TEST(Controls, ExplicitPrefetchListsLeaveTrainingUnchanged) {
+  const std::vector<std::tuple<std::string, std::string, std::string, std::vector<int>>> cases =
+      {{"full_shard", "fl=r:1+0,bl=r:0+1", "none", {1, 2, 3, 4}},
+       {"full_shard", "fp=0,bp=0,fl=0:1,bl=1:0", "none", {2, 3}},
+       {"full_shard", "fl=0:,bl=1:,bl=r:1", "none", {2}},
+       {"shard_grad_op", "fl=r:1+0,bl=r:0+1", "none", {3}},
+       {"hybrid_shard", "fl=r:1,bl=1:0", "none", {4}},
+       {"no_shard", "fl=r:0+1,bl=r:1+0", "none", {2}},
+       {"full_shard", "raf=2,fl=r:1+0,bl=r:0+1,bl=1:0", "full", {4}}};
+  for (const auto& [strategy, controls, ac, worlds] : cases) {
+    TrainSpec spec;
+    spec.strategy = strategy;
+    spec.steps = 4;
+    spec.grad_accum = 2;
+    spec.ac = ac;
+    spec.controls = controls;
+    ExpectEquivalent(spec, kFloat64, worlds);
+  }
+}
+
 // Resharding after forward only down to blocks of K ranks (hpZ): backward
 // all-gathers inside each block from the rows kept there. K = 1 is full
 // resharding and K = the shard group size none; with activation

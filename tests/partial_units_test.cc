@@ -113,10 +113,11 @@ struct Spec {
   int steps = 4;
   int64_t batch_per_rank = 2;
   int grad_accum = 1;
+  bool lists = false;  // explicit prefetch lists across skipped units
 
   std::vector<std::string> ToArgs() const {
     return {strategy, std::to_string(steps), std::to_string(batch_per_rank),
-            std::to_string(grad_accum)};
+            std::to_string(grad_accum), lists ? "lists" : "-"};
   }
   static Spec FromArgs(const std::vector<std::string>& a) {
     Spec s;
@@ -124,10 +125,12 @@ struct Spec {
     s.steps = std::stoi(a.at(1));
     s.batch_per_rank = std::stoll(a.at(2));
     s.grad_accum = std::stoi(a.at(3));
+    s.lists = a.at(4) == "lists";
     return s;
   }
   std::string Name() const {
-    return "branchy/" + strategy + (grad_accum > 1 ? "/accum=" + std::to_string(grad_accum) : "");
+    return "branchy/" + strategy + (grad_accum > 1 ? "/accum=" + std::to_string(grad_accum) : "") +
+           (lists ? "/lists" : "");
   }
 };
 
@@ -230,6 +233,19 @@ FSDP2_SCENARIO(branchy) {
   options.strategy = fsdp::ParseShardingStrategy(spec.strategy);
   const auto units = Units(m);
   for (const auto& unit : units) fsdp::fully_shard(unit, options);
+  if (spec.lists) {
+    // Lists that jump over units some ranks skip (expert0, late, branch_a
+    // run on some ranks only; expert3 and branch_b on none), from a unit
+    // that is itself skipped on some ranks, and the root's backward list
+    // (it is unsharded when backward begins).
+    const auto& e = m->moe->experts;
+    fsdp::set_modules_to_forward_prefetch(*e[0], {e[2].ptr(), m->late.ptr(), m->side.ptr()});
+    fsdp::set_modules_to_forward_prefetch(*m->moe, {e[1].ptr()});
+    fsdp::set_modules_to_forward_prefetch(*m->late, {m->branch_b.ptr()});
+    fsdp::set_modules_to_backward_prefetch(*m, {m->side.ptr(), m->late.ptr()});
+    fsdp::set_modules_to_backward_prefetch(*m->branch_a, {e[3].ptr(), e[0].ptr()});
+    fsdp::set_modules_to_backward_prefetch(*m->moe, {e[1].ptr()});
+  }
   auto opt = strategy::MakeOptimizer(m->parameters(), TestOptimizer("adamw"));
 
   TrainOutput out;
@@ -315,6 +331,18 @@ TEST_P(Strategies, GradientAccumulationOverRoutedMicroBatches) {
   spec.grad_accum = 2;
   spec.steps = 3;
   ExpectEquivalent(spec, {1, 2, 4});
+}
+
+// Explicit prefetch lists that reach past units some ranks skip: every rank
+// still issues the same collectives (a skipped unit issues its list as the
+// ranks that run it do), and training equals one process.
+TEST_P(Strategies, ExplicitPrefetchListsOverSkippedUnits) {
+  Spec spec;
+  spec.strategy = GetParam();
+  spec.lists = true;
+  spec.grad_accum = 2;
+  spec.steps = 3;
+  ExpectEquivalent(spec, {2, 3, 4});
 }
 
 INSTANTIATE_TEST_SUITE_P(AllStrategies, Strategies,

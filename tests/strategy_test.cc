@@ -197,6 +197,60 @@ TEST(FSDP2Strategy, TrainsLikeOneProcessAndValidatesOverAllRanks) {
   }
 }
 
+// fully_shard's controls by name: ignored parameters (a name and a glob)
+// whose gradients backward() all-reduces (or not), and explicit prefetch
+// lists (the root's, forward and backward, and a block's empty one).
+// Writes each step's loss (the mean over ranks). args: steps all_reduce
+FSDP2_SCENARIO(strategy_controls) {
+  const int steps = std::stoi(args.at(0));
+  auto o = Options();
+  o.ignored_params = {"wpe.weight", "blocks.1.fc.*"};
+  o.ignored_params_all_reduce = args.at(1) == "1";
+  o.forward_prefetch_modules = {{"", {"blocks.1", "blocks.0"}}, {"blocks.0", {}}};
+  o.backward_prefetch_modules = {{"", {"blocks.0", "blocks.1"}}};
+  strategy::FSDP2Strategy s(o);
+  auto module = Prepare(s);
+  const auto params = module->module()->named_parameters();
+  if (params["wpe.weight"].size(0) != TinyGPT().block_size ||
+      params["blocks.1.fc.bias"].size(0) != 4 * TinyGPT().n_embd) {
+    throw std::runtime_error("ignored parameters must stay whole on every rank");
+  }
+  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+  std::ofstream out(WorkerOutDir() + "/losses" + std::to_string(s.world()->rank()) + ".txt");
+  out.precision(17);
+  for (int i = 0; i < steps; ++i) {
+    at::Tensor loss = s.training_step(loader.batch(i), i);
+    s.backward(loss);
+    s.optimizer_step();
+    out << s.reduce(loss).item<double>() << "\n";
+  }
+  s.teardown();
+}
+
+TEST(FSDP2Strategy, ControlsByNameTrainLikeOneProcess) {
+  const int steps = 5;
+  const auto ref = ReferenceLosses(steps);
+  for (int n : {1, 2, 3, 4}) {
+    auto r = LaunchScenario("strategy_controls", n, {std::to_string(steps), "1"});
+    ASSERT_TRUE(r.ok()) << r.Describe();
+    for (int rank = 0; rank < n; ++rank) {
+      auto losses = ReadNumbers(r.out_dir + "/losses" + std::to_string(rank) + ".txt");
+      ASSERT_EQ(losses.size(), ref.size());
+      for (int i = 0; i < steps; ++i) {
+        EXPECT_NEAR(losses[i], ref[i], 1e-11 * ref[i]) << "N=" << n << " step " << i;
+      }
+    }
+  }
+  // Without the all-reduce each rank steps its ignored parameters with its
+  // own rows' gradient: the ranks drift apart, and from one process.
+  auto r = LaunchScenario("strategy_controls", 2, {std::to_string(steps), "0"});
+  ASSERT_TRUE(r.ok()) << r.Describe();
+  auto losses = ReadNumbers(r.out_dir + "/losses0.txt");
+  ASSERT_EQ(losses.size(), ref.size());
+  EXPECT_GT(std::abs(losses.back() - ref.back()), 1e-9 * ref.back())
+      << "the ignored parameters' gradients were reduced although nobody asked";
+}
+
 TEST(FSDP2Strategy, RejectsAGlobalBatchThatRanksCannotSplit) {
   auto r = Launch(5, {"0", "1"});
   EXPECT_FALSE(r.ok());
@@ -852,6 +906,47 @@ TEST(FSDP2Strategy, BadOptionsSayWhatToChange) {
   o.sharding_strategy = fsdp::ShardingStrategy::kHybridShard;
   o.shard_group_size = 3;
   expect_invalid(o, "HYBRID_SHARD needs a 2-D", true);
+  // fully_shard's controls by name, refused by parallelize().
+  // A file store each: a sharded module that died keeps its process group
+  // (and a TCP store's port) until the next fully_shard() prunes it.
+  int stores = 0;
+  auto expect_parallelize_invalid = [&stores](strategy::FSDP2StrategyOptions o,
+                                              const std::string& text) {
+    const std::string store = std::string(std::getenv("TEST_TMPDIR")) + "/bad_options_store" +
+                              std::to_string(stores++);
+    setenv("FSDP2_STORE_PATH", store.c_str(), 1);
+    strategy::FSDP2Strategy s(o);
+    s.setup_environment();
+    s.connect(std::make_shared<CountingGPTModule>());
+    try {
+      s.parallelize();
+      FAIL() << "expected std::invalid_argument containing '" << text << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+    unsetenv("FSDP2_STORE_PATH");
+  };
+  o = Options();
+  o.ignored_params = {"wte.weight", "blocks.*.nothing"};
+  expect_parallelize_invalid(o, "ignored_params pattern 'blocks.*.nothing' matches no parameter");
+  o = Options();
+  o.forward_prefetch_modules = {{"blocks.0", {"blocks.7"}}};
+  expect_parallelize_invalid(o, "names 'blocks.7', which is not a module of the model");
+  o = Options();
+  o.backward_prefetch_modules = {{"blocks.1", {"blocks.0.attn"}}};
+  expect_parallelize_invalid(o, "'blocks.0.attn', which is not a sharded module");
+  o = Options();
+  o.forward_prefetch_modules = {{"blocks.1", {"blocks.0"}}};
+  expect_parallelize_invalid(o, "names 'blocks.0', which the forward reaches before it");
+  o = Options();
+  o.backward_prefetch_modules = {{"blocks.0", {"blocks.1"}}};
+  expect_parallelize_invalid(o, "names 'blocks.1', which the backward reaches before it");
+  o = Options();
+  EXPECT_THROW(o.set_reshard_after_forward(-2), std::invalid_argument);
+  o.set_reshard_after_forward(4);
+  EXPECT_TRUE(!o.reshard_after_forward.has_value() && o.reshard_after_forward_size == 4);
+  o.set_reshard_after_forward(0);
+  EXPECT_TRUE(o.reshard_after_forward == false && o.reshard_after_forward_size == 0);
   EXPECT_EQ(strategy::ParallelSize::Parse("auto").ToString(), "auto");
   EXPECT_EQ(*strategy::ParallelSize::Parse("4").value, 4);
   EXPECT_THROW(strategy::ParallelSize::Parse("four"), std::invalid_argument);

@@ -246,7 +246,16 @@ struct Controls {
   int reshard_after_forward_size = 0;
   double divide_factor = 0;  // 0: the data-parallel size
   std::string ignored;
+  struct List {
+    bool forward;
+    int unit;  // an index into Model::units; -1: the root
+    std::vector<int> listed;
+  };
+  std::vector<List> lists;
 };
+
+// "r" or an index into Model::units.
+int UnitIndex(const std::string& text) { return text == "r" ? -1 : std::stoi(text); }
 
 Controls ParseControls(const std::string& text) {
   Controls c;
@@ -267,6 +276,15 @@ Controls ParseControls(const std::string& text) {
       c.divide_factor = std::stod(value);
     } else if (key == "ignore") {
       c.ignored = value;
+    } else if (key == "fl" || key == "bl") {
+      const size_t colon = value.find(':');
+      if (colon == std::string::npos) throw std::invalid_argument("TrainSpec: " + item);
+      Controls::List list{key == "fl", UnitIndex(value.substr(0, colon)), {}};
+      std::istringstream listed(value.substr(colon + 1));
+      for (std::string unit; std::getline(listed, unit, '+');) {
+        list.listed.push_back(UnitIndex(unit));
+      }
+      c.lists.push_back(std::move(list));
     } else if (!key.empty()) {
       throw std::invalid_argument("TrainSpec: unknown control '" + item + "'");
     }
@@ -348,6 +366,16 @@ TrainOutput TrainSharded(const TrainSpec& spec,
       ignored.defined() ? ignored.sizes().vec() : std::vector<int64_t>{};
   for (auto& unit : m.units) fsdp::fully_shard(unit, options);
   fsdp::fully_shard(m.root, options);
+  for (const Controls::List& list : controls.lists) {
+    auto unit = [&](int i) { return i < 0 ? m.root : m.units.at(static_cast<size_t>(i)); };
+    std::vector<std::shared_ptr<torch::nn::Module>> listed;
+    for (int i : list.listed) listed.push_back(unit(i));
+    if (list.forward) {
+      fsdp::set_modules_to_forward_prefetch(*unit(list.unit), listed);
+    } else {
+      fsdp::set_modules_to_backward_prefetch(*unit(list.unit), listed);
+    }
+  }
   if (ignored.defined()) {
     Check(ignored.sizes().vec() == ignored_shape,
           "ignored parameter '" + controls.ignored + "' kept whole");

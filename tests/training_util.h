@@ -95,6 +95,10 @@ struct TrainSpec {
   //   ignore=NAME  the parameter NAME is in ignored_params: each rank keeps
   //           it whole and all-reduces its gradient itself (the mean, or
   //           the sum / F with div) after the last micro-batch
+  //   fl=U:V+W  unit U's explicit forward prefetch list is units V, W
+  //           (fsdp::set_modules_to_forward_prefetch; units by index in
+  //           the model's inner units, r the root; "fl=0:" an empty list);
+  //           bl=U:V+W  the same for backward. Repeat for more units.
   std::string controls;
 
   std::vector<std::string> ToArgs() const;

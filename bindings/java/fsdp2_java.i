@@ -426,4 +426,10 @@ FSDP2_STRUCT(fsdp2_memory_stats)
 %ignore fsdp2_free;
 
 #define FSDP2_API
+// The strategy options' strings are set through
+// fsdp2_strategy_options_from_json (the library keeps those strings); a
+// SWIG setter would copy into memory that nobody frees.
+%immutable fsdp2_strategy_options::ignored_params;
+%immutable fsdp2_strategy_options::forward_prefetch_modules;
+%immutable fsdp2_strategy_options::backward_prefetch_modules;
 %include "c_api/fsdp2.h"

@@ -3,9 +3,63 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <sstream>
+#include <unordered_set>
 
 namespace fsdp2 {
 namespace c_api {
+
+const char* InternString(const std::string& s) {
+  static std::mutex mu;
+  static auto* strings = new std::unordered_set<std::string>();  // never freed
+  std::lock_guard<std::mutex> lock(mu);
+  return strings->insert(s).first->c_str();
+}
+
+namespace {
+
+// "a, b,c" as {"a", "b", "c"} (blanks around items dropped, empty items
+// skipped).
+std::vector<std::string> SplitList(const std::string& text, char separator) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, separator);) {
+    const size_t begin = item.find_first_not_of(" \t");
+    if (begin == std::string::npos) continue;
+    items.push_back(item.substr(begin, item.find_last_not_of(" \t") - begin + 1));
+  }
+  return items;
+}
+
+// "unit:a,b;unit2:c" (see fsdp2.h) as a map; InvalidArgumentError naming
+// `field` for an entry without its colon or a unit named twice.
+std::map<std::string, std::vector<std::string>> ParsePrefetchModules(const char* text,
+                                                                     const char* field) {
+  std::map<std::string, std::vector<std::string>> lists;
+  if (text == nullptr) return lists;
+  std::stringstream in(text);
+  for (std::string entry; std::getline(in, entry, ';');) {
+    if (entry.find_first_not_of(" \t") == std::string::npos) continue;
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos) {
+      throw InvalidArgumentError(std::string(field) + ": entry '" + entry +
+                                 "' has no ':' (write \"unit:listed,listed;unit:listed\")");
+    }
+    std::vector<std::string> unit = SplitList(entry.substr(0, colon), ',');
+    if (unit.size() > 1) {
+      throw InvalidArgumentError(std::string(field) + ": entry '" + entry +
+                                 "' names more than one unit before its ':'");
+    }
+    const std::string name = unit.empty() ? "" : unit[0];
+    if (!lists.emplace(name, SplitList(entry.substr(colon + 1), ',')).second) {
+      throw InvalidArgumentError(std::string(field) + ": unit '" + name + "' is given twice");
+    }
+  }
+  return lists;
+}
+
+}  // namespace
 
 nlohmann::json ParseObject(const char* json, const char* what) {
   NotNull(json, what);
@@ -64,14 +118,7 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
       throw InvalidArgumentError("unknown sharding_strategy " +
                                  std::to_string(o.sharding_strategy));
   }
-  Require(o.reshard_after_forward >= -1,
-          "reshard_after_forward must be -1 (default), 0, 1 or a group size, got " +
-              std::to_string(o.reshard_after_forward));
-  if (o.reshard_after_forward == 0 || o.reshard_after_forward == 1) {
-    out.reshard_after_forward = o.reshard_after_forward == 1;
-  } else if (o.reshard_after_forward > 1) {
-    out.reshard_after_forward_size = o.reshard_after_forward;
-  }
+  out.set_reshard_after_forward(o.reshard_after_forward);
   out.shard_group_size = o.shard_group_size;
   switch (o.precision) {
     case FSDP2_PRECISION_FP32: out.mp_policy = fsdp::MixedPrecisionPolicy{}; break;
@@ -130,6 +177,15 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
           "gradient_divide_factor must be 0 (the data-parallel size) or positive, got " +
               std::to_string(o.gradient_divide_factor));
   out.gradient_divide_factor = o.gradient_divide_factor;
+  if (o.ignored_params != nullptr) out.ignored_params = SplitList(o.ignored_params, ',');
+  Require(o.ignored_params_all_reduce == 0 || o.ignored_params_all_reduce == 1,
+          "ignored_params_all_reduce must be 0 or 1, got " +
+              std::to_string(o.ignored_params_all_reduce));
+  out.ignored_params_all_reduce = o.ignored_params_all_reduce == 1;
+  out.forward_prefetch_modules =
+      ParsePrefetchModules(o.forward_prefetch_modules, "forward_prefetch_modules");
+  out.backward_prefetch_modules =
+      ParsePrefetchModules(o.backward_prefetch_modules, "backward_prefetch_modules");
   switch (o.activation_checkpointing) {
     case FSDP2_AC_NONE: break;
     case FSDP2_AC_FULL: out.activation_checkpointing = fsdp::ActivationCheckpointing::Full(); break;
@@ -219,6 +275,10 @@ void fsdp2_strategy_options_init(fsdp2_strategy_options_t* o) {
   o->backward_prefetch = 1;
   o->gradient_accumulation = FSDP2_ACCUMULATE_LOCAL;
   o->gradient_divide_factor = 0;
+  o->ignored_params = nullptr;
+  o->ignored_params_all_reduce = 0;
+  o->forward_prefetch_modules = nullptr;
+  o->backward_prefetch_modules = nullptr;
 }
 
 void fsdp2_optimizer_options_init(fsdp2_optimizer_options_t* o) {

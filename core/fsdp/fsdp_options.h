@@ -69,7 +69,8 @@ struct FSDPOptions {
   // overlaps this one's compute; d: up to d further units' parameters are
   // unsharded beside the running one (d more unit-sized buffers at the
   // peak, for hiding all-gathers slower than one unit's compute).
-  // Negative: std::invalid_argument from fully_shard().
+  // Negative: std::invalid_argument from fully_shard(). A unit given its
+  // own list (fsdp::set_modules_to_forward_prefetch) follows that instead.
   int forward_prefetch = 1;
   int backward_prefetch = 1;
   // Reduced gradients are divided by this (default: the data-parallel

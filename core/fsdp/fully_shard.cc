@@ -183,6 +183,48 @@ void reshard(const torch::nn::Module& module) {
 
 namespace {
 
+void SetPrefetchList(const torch::nn::Module& module,
+                     const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                     bool forward) {
+  const char* what =
+      forward ? "set_modules_to_forward_prefetch" : "set_modules_to_backward_prefetch";
+  FSDPUnit& unit = UnitOrThrow(module, what);
+  std::vector<std::weak_ptr<FSDPUnit>> units;
+  std::unordered_set<const FSDPUnit*> seen;
+  for (const auto& listed : modules) {
+    if (!listed) throw InvalidArgumentError(std::string("fsdp::") + what + ": a module is null");
+    FSDPUnit& target = UnitOrThrow(*listed, what);
+    if (&target == &unit) {
+      throw InvalidArgumentError(std::string("fsdp::") + what + ": module '" + module.name() +
+                                 "' lists itself");
+    }
+    if (!seen.insert(&target).second) {
+      throw InvalidArgumentError(std::string("fsdp::") + what + ": module '" +
+                                 listed->name() + "' is listed twice");
+    }
+    units.push_back(target.weak_from_this());
+  }
+  unit.set_prefetch_list(forward, std::move(units));
+}
+
+}  // namespace
+
+void set_modules_to_forward_prefetch(
+    const torch::nn::Module& module,
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  SetPrefetchList(module, modules, /*forward=*/true);
+}
+
+void set_modules_to_backward_prefetch(
+    const torch::nn::Module& module,
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  SetPrefetchList(module, modules, /*forward=*/false);
+}
+
+void check_prefetch_lists(torch::nn::Module& root) { CheckPrefetchLists(root); }
+
+namespace {
+
 // clip_grad_norm_ for gradients on a device: the same sums (in double), per
 // group and split as there, as device tensors; the coefficient applied
 // with one multi-tensor multiply; the norm read back once.

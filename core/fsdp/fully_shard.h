@@ -148,6 +148,33 @@ UnshardHandle unshard(const torch::nn::Module& module, bool async_op = false);
 // not sharded.
 void reshard(const torch::nn::Module& module);
 
+// Explicit prefetch lists (PyTorch's FSDPModule.set_modules_to_forward_
+// prefetch / set_modules_to_backward_prefetch): when `module`'s forward
+// (backward) begins, all-gather `modules` as well, in this order, in place
+// of the forward_prefetch (backward_prefetch) depth for `module`; an empty
+// list prefetches nothing from it. Each listed unit costs its parameters
+// held from `module`'s turn to its own; it saves that unit's exposed
+// all-gather wait. The backward lists may run past the depth (no cap).
+// Listed modules must be sharded, under the same root as `module`, and
+// come after it in the pass (forward: the module tree's pre-order, which
+// is the order fsdp runs forward all-gathers in; backward: the reverse,
+// children last first): check_prefetch_lists() verifies that, and the
+// root's first forward (FSDP2Strategy::parallelize() calls it). Every rank
+// must set the same lists. Throws std::invalid_argument if `module` or one
+// of `modules` is not sharded, or `modules` lists `module` itself or one
+// module twice.
+void set_modules_to_forward_prefetch(
+    const torch::nn::Module& module,
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+void set_modules_to_backward_prefetch(
+    const torch::nn::Module& module,
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+// Throws std::invalid_argument, naming the unit and the module, where a
+// prefetch list of a unit under `root` names a module that no longer
+// exists, a unit of another root (not under `root`), or one that its pass
+// reaches before it.
+void check_prefetch_lists(torch::nn::Module& root);
+
 // Parameters whose local tensor is one block of a tensor split over `group`
 // (tensor parallelism, see core/tp): clip_grad_norm_ sums their norms over
 // `group`. Every other parameter is the same on each rank of `group` and

@@ -5,6 +5,7 @@
 
 #include "core/fsdp/unit_plan.h"
 #include "core/strategy/device.h"
+#include "core/strategy/fsdp_controls.h"
 #include "core/launch/allocator.h"
 #include "core/launch/local_launcher.h"
 #include "core/tp/clip_grad.h"
@@ -355,7 +356,12 @@ void FSDP2Strategy::parallelize() {
       total_param_bytes += p.value().numel() * static_cast<int64_t>(p.value().element_size());
     }
   }
+  ignored_params_ = MatchParameters(*module_->module(), options_.ignored_params, "ignored_params");
+  fsdp_options.ignored_params = ignored_params_;
   fn(module_->module(), fsdp_options);
+  RequireStillParameters(*module_->module(), ignored_params_, "ignored_params");
+  ApplyPrefetchModules(*module_->module(), options_.forward_prefetch_modules,
+                       options_.backward_prefetch_modules);
   checkpointed_modules_ = fsdp::apply_activation_checkpointing(
       *module_->module(), options_.activation_checkpointing);
   if (fsdp::has_deferred_tensors(*module_->module())) {
@@ -446,6 +452,10 @@ void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
   fsdp::set_requires_gradient_sync(*module_->module(), sharded || sync_gradients);
   fsdp::set_requires_all_reduce(*module_->module(), !sharded || sync_gradients);
   loss.backward();
+  if (sync_gradients && options_.ignored_params_all_reduce) {
+    const double f = options_.gradient_divide_factor;
+    AllReduceGradients(ignored_params_, mesh_->group("dp"), f != 0 ? f : dp_size_);
+  }
 }
 
 double FSDP2Strategy::optimizer_step(double max_grad_norm) {

@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -112,6 +113,10 @@ struct FSDP2StrategyOptions {
   // ranks (the ranks of a host), so backward all-gathers stay inside them:
   // fsdp::FSDPOptions::reshard_after_forward_size.
   int reshard_after_forward_size = 0;
+  // Sets both from one integer, as the main job's --reshard-after-forward
+  // and the C ABI take it: -1 the strategy's default, 0 no, 1 yes, k >= 2
+  // reshard_after_forward_size = k. Below -1: std::invalid_argument.
+  void set_reshard_after_forward(int value);
   // HYBRID_SHARD: ranks per shard group; the data-parallel ranks form a
   // (replicate x shard) mesh. 0: the ranks of one host, as the ranks tell
   // each other at rendezvous (host name and boot id), under any launcher;
@@ -166,6 +171,31 @@ struct FSDP2StrategyOptions {
   // reduce-scatter per micro-batch, cross-host bytes as with one
   // micro-batch. Anything else: std::invalid_argument from the constructor.
   std::string gradient_accumulation = "local";
+  // Explicit prefetch lists by module name (as the model's named_modules()
+  // names them; "" is the root): {"blocks.0", {"blocks.1", "blocks.2"}}
+  // makes blocks.0's forward (backward) all-gather blocks.1 and blocks.2 as
+  // well, in place of forward_prefetch (backward_prefetch) for blocks.0
+  // (fsdp::set_modules_to_forward_prefetch says what it costs and saves).
+  // Applied by parallelize() after parallelize_fn. A name that is not a
+  // sharded module, or a listed unit that the pass reaches before the
+  // unit: std::invalid_argument from parallelize().
+  std::map<std::string, std::vector<std::string>> forward_prefetch_modules;
+  std::map<std::string, std::vector<std::string>> backward_prefetch_modules;
+  // Parameters kept out of FSDP (fsdp::FSDPOptions::ignored_params), by
+  // name as the model's named_parameters() names them or by glob patterns
+  // over those names ("lm_head.*", "*.bias": fnmatch's *, ? and [...]; *
+  // matches dots too). Each stays whole on every rank (its full size in
+  // memory per rank, none of its all-gathers or reductions), never sharded,
+  // gathered, cast to param_dtype or reduced by FSDP. Their gradients are
+  // the caller's (ignored_params_all_reduce false, PyTorch's behaviour:
+  // each rank keeps its own, and the ranks' copies drift apart unless the
+  // caller reduces them) or all-reduced by backward() over the
+  // data-parallel ranks once gradients sync (true: divided as FSDP's are,
+  // by gradient_divide_factor or the data-parallel size, so training
+  // equals one process; one all-reduce per parameter). A pattern that
+  // matches no parameter: std::invalid_argument from parallelize().
+  std::vector<std::string> ignored_params;
+  bool ignored_params_all_reduce = false;
 };
 
 // This rank's rows of a dataset held as tensors with a common first dim,
@@ -387,6 +417,7 @@ class FSDP2Strategy {
   std::vector<ParameterInfo> parameter_infos_;
   int64_t total_param_bytes_ = 0;  // the model's parameters before parallelize()
   std::vector<std::string> checkpointed_modules_;
+  std::vector<at::Tensor> ignored_params_;  // options_.ignored_params' tensors
   c10::optional<std::string> pending_optimizer_state_;
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;

@@ -340,8 +340,20 @@ class FSDP2Strategy(_Handle):
     keep unsharded gradients and communicate nothing until the last;
     "sharded": each reduce-scatters inside the shard group, freeing them,
     and only the last all-reduces across replicas), gradient_divide_factor
-    (0: the data-parallel size, i.e. the mean; 1: the sum). Unknown options
-    raise InvalidArgumentError with the library's message.
+    (0: the data-parallel size, i.e. the mean; 1: the sum),
+    ignored_params (a list of parameter names or glob patterns such as
+    "lm_head.*", or one comma-separated string: those stay whole on every
+    rank, never sharded, gathered, cast or reduced; their full size is held
+    on each rank) with ignored_params_all_reduce (True: backward all-reduces
+    their gradients so training equals one process; False, the default as in
+    PyTorch: each rank keeps its own and the ranks drift apart), and
+    forward_prefetch_modules / backward_prefetch_modules (a dict from a
+    block's module name to the blocks it all-gathers when its pass reaches
+    it, in place of the depth, e.g. {"blocks.0": ["blocks.1", "blocks.2"]};
+    "" is the root; each listed block holds its parameters from then on to
+    its own turn). Unknown options raise InvalidArgumentError with the
+    library's message; names the model does not have raise it from
+    parallelize().
     """
 
     _destroy = staticmethod(_c.fsdp2_strategy_destroy)

@@ -7,6 +7,7 @@ with a timeout, and compare with a 1-rank run of the same global batch.
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -552,6 +553,38 @@ def test_fully_shard_controls_options():
         fsdp2.FSDP2Strategy(gradient_divide_factor=-1.0)
     fsdp2.FSDP2Strategy(forward_prefetch=0, backward_prefetch=3, gradient_accumulation="sharded",
                         gradient_divide_factor=1.0).close()
+    with pytest.raises(fsdp2.InvalidArgumentError, match="must be a list of module names"):
+        fsdp2.FSDP2Strategy(forward_prefetch_modules={"blocks.0": "blocks.1"})
+    with pytest.raises(fsdp2.InvalidArgumentError, match="contains one of"):
+        fsdp2.FSDP2Strategy(ignored_params=["a,b"])
+
+
+def test_ignored_params_and_prefetch_lists_by_name(tmp_path):
+    """The options reach parallelize(): names the model has train, a pattern
+    that matches nothing and a list in the wrong order are refused there."""
+    os.environ["FSDP2_STORE_PATH"] = str(tmp_path / "store")
+    try:
+        tokens, targets = global_batch(0)
+        good = dict(ignored_params=["wpe.weight", "blocks.1.*"], ignored_params_all_reduce=True,
+                    forward_prefetch_modules={"": ["blocks.1", "blocks.0"]},
+                    backward_prefetch_modules={"blocks.1": ["blocks.0"]})
+        bad = [(dict(ignored_params=["nothing.*"]), "'nothing.\\*' matches no parameter"),
+               (dict(forward_prefetch_modules={"blocks.1": ["blocks.0"]}),
+                "the forward reaches before it")]
+        for i, (options, error) in enumerate([(good, None)] + bad):
+            os.environ["FSDP2_STORE_PATH"] = str(tmp_path / f"store{i}")
+            with fsdp2.FSDP2Strategy(precision="fp32", **options) as s:
+                s.setup_environment()
+                model = fsdp2.Model.gpt(**GPT)
+                s.connect(model, {"lr": 0.01})
+                if error:
+                    with pytest.raises(fsdp2.InvalidArgumentError, match=error):
+                        s.parallelize()
+                    continue
+                s.parallelize()
+                assert math.isfinite(s.training_step([tokens, targets], 0).loss)
+    finally:
+        del os.environ["FSDP2_STORE_PATH"]
 
 
 def test_activation_checkpointing_changes_nothing():

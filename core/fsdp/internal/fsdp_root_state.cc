@@ -5,11 +5,15 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 
+#include <torch/nn/module.h>
+
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 
 #include "core/fsdp/internal/fsdp_param_group.h"
 #include "core/fsdp/internal/fsdp_unit.h"
+#include "core/fsdp/internal/unit_registry.h"
 
 namespace fsdp2 {
 namespace fsdp {
@@ -26,7 +30,66 @@ std::string UnitName(const FSDPUnit* unit) {
   return unit->module_alive() ? "'" + unit->module()->name() + "'" : "a unit";
 }
 
+// The live units of `unit`'s explicit prefetch list into `out`; false
+// (and `out` empty) where it has none.
+bool ListOf(const FSDPUnit* unit, bool forward, std::vector<FSDPUnit*>& out) {
+  out.clear();
+  const std::vector<std::weak_ptr<FSDPUnit>>* list = unit->prefetch_list(forward);
+  if (list == nullptr) return false;
+  for (const auto& weak : *list) {
+    if (auto target = weak.lock()) out.push_back(target.get());
+  }
+  return true;
+}
+
 }  // namespace
+
+void CheckPrefetchLists(torch::nn::Module& root) {
+  const UnitTreeOrder order = UnitsInTreeOrder(root);
+  std::unordered_map<const torch::nn::Module*, std::string> names;
+  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
+    names.emplace(item.value().get(), item.key());
+  }
+  auto name_of = [&](const FSDPUnit* unit) {
+    auto it = names.find(unit->module());
+    return it == names.end() ? UnitName(unit)
+           : it->second.empty() ? std::string("the root module")
+                                : "'" + it->second + "'";
+  };
+  std::vector<FSDPUnit*> entered;  // where the backward walk enters units
+  for (const auto& [unit, enters] : order.backward) {
+    if (enters) entered.push_back(unit);
+  }
+  for (const bool forward : {true, false}) {
+    const std::vector<FSDPUnit*>& pass = forward ? order.pre : entered;
+    const std::string what = forward ? "forward" : "backward";
+    for (size_t at = 0; at < pass.size(); ++at) {
+      const std::vector<std::weak_ptr<FSDPUnit>>* list = pass[at]->prefetch_list(forward);
+      if (list == nullptr) continue;
+      const std::string where = "fsdp: the " + what + " prefetch list of " + name_of(pass[at]);
+      for (const auto& weak : *list) {
+        std::shared_ptr<FSDPUnit> target = weak.lock();
+        if (!target || !target->module_alive()) {
+          throw InvalidArgumentError(where + " names a module that no longer exists");
+        }
+        const size_t i = IndexOf(pass, target.get());
+        if (i == kNone) {
+          throw InvalidArgumentError(
+              where + " names " + UnitName(target.get()) +
+              ", a unit of another root (not in this model's module tree); "
+              "list only units of the same model");
+        }
+        if (i <= at) {
+          throw InvalidArgumentError(
+              where + " names " + name_of(target.get()) + ", which the " + what +
+              " reaches before it (" +
+              (forward ? "the module tree's pre-order" : "the reverse of it, children last first") +
+              "); list only units that come after it");
+        }
+      }
+    }
+  }
+}
 
 FSDPRootState::FSDPRootState(
     std::vector<FSDPUnit*> pre_order,
@@ -52,12 +115,26 @@ void FSDPRootState::enter_forward(FSDPUnit* unit) {
     return;
   }
   const bool grad = at::GradMode::is_enabled();
-  for (size_t i = next_forward_; i < at; ++i) pre_order_[i]->skip_forward(grad);
+  for (size_t i = next_forward_; i < at; ++i) {
+    pre_order_[i]->skip_forward(grad);
+    prefetch_forward(i);  // as the ranks that run it do
+  }
   next_forward_ = at + 1;
   unit->param_group().wait_unshard();
-  // The prefetch; units already unsharded or in flight are left as they are.
-  for (size_t i = next_forward_;
-       i < pre_order_.size() && i < next_forward_ + forward_prefetch_; ++i) {
+  prefetch_forward(at);
+}
+
+void FSDPRootState::prefetch_forward(size_t at) {
+  // Units already unsharded or in flight are left as they are.
+  std::vector<FSDPUnit*> listed;
+  if (ListOf(pre_order_[at], /*forward=*/true, listed)) {
+    for (FSDPUnit* unit : listed) {
+      const size_t i = IndexOf(pre_order_, unit);
+      if (i != kNone && i > at) unit->param_group().unshard_async();
+    }
+    return;
+  }
+  for (size_t i = at + 1; i < pre_order_.size() && i <= at + forward_prefetch_; ++i) {
     pre_order_[i]->param_group().unshard_async();
   }
 }
@@ -67,6 +144,7 @@ void FSDPRootState::end_forward() {
   const bool grad = at::GradMode::is_enabled();
   for (size_t i = next_forward_; i < pre_order_.size(); ++i) {
     pre_order_[i]->skip_forward(grad);
+    prefetch_forward(i);  // as the ranks that run it do
   }
   next_forward_ = pre_order_.size();
   in_forward_ = false;
@@ -97,24 +175,57 @@ void FSDPRootState::begin_backward() {
     if (entered) {
       if (group.gathers() && !group.unsharded()) {
         ops_.push_back({true, unit, unit->pre_backward_in(graph)});
+      } else if (unit->prefetch_list(/*forward=*/false) != nullptr) {
+        Op marker{true, unit, unit->pre_backward_in(graph)};
+        marker.marker = true;  // where its list's all-gathers go
+        ops_.push_back(std::move(marker));
       }
     } else if (group.reduces()) {
       ops_.push_back({false, unit, unit->post_backward_in(graph)});
     }
   }
-  // The prefetch: each all-gather goes ahead of the backward_prefetch_
-  // reductions before it, never past another all-gather.
-  for (size_t i = 1; i < ops_.size(); ++i) {
+  // The prefetch by depth: each all-gather goes ahead of the
+  // backward_prefetch_ reductions before it, never past another all-gather,
+  // unless the all-gather before it is of a unit with an explicit list.
+  const FSDPUnit* previous = nullptr;  // the unit of the last all-gather
+  for (size_t i = 0; i < ops_.size(); ++i) {
     if (!ops_[i].gather) continue;
+    const FSDPUnit* before = previous;
+    previous = ops_[i].unit;
+    if (ops_[i].marker ||
+        (before != nullptr && before->prefetch_list(/*forward=*/false) != nullptr)) {
+      continue;
+    }
     for (size_t j = i, passed = 0;
          j > 0 && !ops_[j - 1].gather && passed < backward_prefetch_; --j, ++passed) {
       std::swap(ops_[j - 1], ops_[j]);
+    }
+  }
+  // Explicit lists: the all-gathers listed go right behind the unit's own,
+  // in the list's order (those already ahead of it stay where they are).
+  std::vector<FSDPUnit*> listed;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (!ops_[i].gather || !ListOf(ops_[i].unit, /*forward=*/false, listed)) continue;
+    size_t insert = i + 1;
+    for (FSDPUnit* target : listed) {
+      for (size_t j = insert; j < ops_.size(); ++j) {
+        if (!ops_[j].gather || ops_[j].unit != target) continue;
+        Op op = std::move(ops_[j]);
+        op.listed = true;
+        ops_.erase(ops_.begin() + static_cast<std::ptrdiff_t>(j));
+        ops_.insert(ops_.begin() + static_cast<std::ptrdiff_t>(insert++), std::move(op));
+        break;
+      }
     }
   }
 }
 
 void FSDPRootState::issue(Op& op, bool force) {
   FSDPParamGroup& group = op.unit->param_group();
+  if (op.marker) {
+    op.issued = true;
+    return;
+  }
   if (op.gather) {
     if (op.here && !force) {
       group.unshard_async();  // kept for the unit's pre-backward
@@ -139,7 +250,7 @@ void FSDPRootState::issue_in_order(size_t limit, bool force, bool prefetch) {
     if (!force && op.here) {
       if (!op.gather && !op.input.defined()) return;  // gradients coming
       if (op.gather && limit == kAll &&
-          (!prefetch || kept_.size() >= backward_prefetch_)) {
+          (op.marker || !prefetch || (!op.listed && kept_.size() >= backward_prefetch_))) {
         return;
       }
     }

@@ -20,7 +20,10 @@
 //    matching all-gather) and is resharded as its own post-forward would
 //    have done, so that the units' unshard states, and with them the
 //    collectives that follow, stay the same on every rank. The root's
-//    post-forward skips what is left. Prefetch: the unit after the cursor.
+//    post-forward skips what is left. Prefetch: each unit, entered or
+//    skipped, then all-gathers the forward_prefetch units after it, or the
+//    units of its explicit list (FSDPUnit::prefetch_list), which come
+//    after it in this order (CheckPrefetchLists).
 //    A unit entered again after the cursor passed it (called twice, or out
 //    of tree order) all-gathers where it is called, as before: every rank
 //    must then call it at the same place.
@@ -33,7 +36,9 @@
 //    reduces, the same on every rank); each all-gather is moved ahead of
 //    the backward_prefetch reductions just before it (not past another
 //    all-gather), which is the prefetch (with depth 1, the next unit's
-//    all-gather overlaps this one's gradients). Every rank issues these
+//    all-gather overlaps this one's gradients). A unit with an explicit
+//    list instead moves the all-gathers of its list right behind its own
+//    (past anything), and the all-gather after its own stays in place. Every rank issues these
 //    operations in this order, over both lanes, and waits only for
 //    operations it has issued: then no rank can wait for one that another
 //    rank will issue only after a wait of its own (the ranks would
@@ -74,11 +79,24 @@
 #include <utility>
 #include <vector>
 
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+}  // namespace torch
+
 namespace fsdp2 {
 namespace fsdp {
 
 class FSDPParamGroup;
 class FSDPUnit;
+
+// Throws InvalidArgumentError, naming the unit and the module, where an
+// explicit prefetch list of a unit under `root` names a module that is
+// gone, not under `root` (a unit of another root), or one that the pass
+// reaches no later than the unit itself (forward: the pre-order; backward:
+// where the backward walk enters units).
+void CheckPrefetchLists(torch::nn::Module& root);
 
 class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
  public:
@@ -142,8 +160,15 @@ class FSDPRootState : public std::enable_shared_from_this<FSDPRootState> {
     bool here;         // its pre-backward (gather) / post-backward (reduce)
                        // node is in this backward's autograd graph
     bool issued = false;
+    bool listed = false;  // moved by an explicit list: not held to the depth
+    // No all-gather: the unit is already unsharded, and has an explicit
+    // list, which follows it; issued at the unit's pre-backward.
+    bool marker = false;
     at::Tensor input;  // a reduction's input, waiting for its turn
   };
+
+  // The forward_prefetch units after pre_order_[at], or its explicit list.
+  void prefetch_forward(size_t at);
 
   void begin_backward();
   // Issues the operations in order from the first one not issued: through

@@ -110,14 +110,26 @@ bool FSDPUnit::post_backward_in(
   return grad_node_ && (graph == nullptr || graph->count(grad_node_.get()));
 }
 
+void FSDPUnit::set_prefetch_list(bool forward,
+                                 std::vector<std::weak_ptr<FSDPUnit>> units) {
+  (forward ? forward_list_ : backward_list_) = std::move(units);
+}
+
+const std::vector<std::weak_ptr<FSDPUnit>>* FSDPUnit::prefetch_list(
+    bool forward) const {
+  const auto& list = forward ? forward_list_ : backward_list_;
+  return list ? &*list : nullptr;
+}
+
 // ------------------------------------------------------------------- forward
 
 std::shared_ptr<FSDPRootState> FSDPUnit::init_as_root() {
+  auto alive = module_alive_.lock();
+  if (alive) CheckPrefetchLists(*alive);
   if (!options_.reshard_after_forward.has_value() &&
       options_.reshard_after_forward_size == 0) {
     reshard_after_forward_ = false;  // its backward starts right away
   }
-  auto alive = module_alive_.lock();
   UnitTreeOrder order = alive ? UnitsInTreeOrder(*alive) : UnitTreeOrder{};
   std::vector<FSDPUnit*> units = order.pre;
   root_state_ = std::make_shared<FSDPRootState>(

@@ -39,6 +39,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <unordered_set>
 #include <vector>
 
@@ -107,6 +108,12 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   bool post_backward_in(
       const std::unordered_set<torch::autograd::Node*>* graph) const;
 
+  // ---- explicit prefetch (fsdp::set_modules_to_forward_prefetch and
+  // set_modules_to_backward_prefetch): the units this unit all-gathers when
+  // its forward (backward) begins, in place of the depth. Null: none set.
+  void set_prefetch_list(bool forward, std::vector<std::weak_ptr<FSDPUnit>> units);
+  const std::vector<std::weak_ptr<FSDPUnit>>* prefetch_list(bool forward) const;
+
  private:
   std::shared_ptr<FSDPRootState> init_as_root();
   void attach_grad_node();
@@ -125,6 +132,8 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   bool grad_node_fired_ = false;
   bool pre_backward_done_ = false;
   bool defer_backward_prefetch_ = false;  // see defer_backward_prefetch()
+  std::optional<std::vector<std::weak_ptr<FSDPUnit>>> forward_list_;
+  std::optional<std::vector<std::weak_ptr<FSDPUnit>>> backward_list_;
 
   // Set at the first forward: the root owns its FSDPRootState, every unit
   // of its tree (the root too) points at it.

@@ -120,6 +120,38 @@ public final class FSDP2Strategy extends Handle {
       return set("gradient_divide_factor", factor);
     }
 
+    /**
+     * Parameters kept out of sharding: names or glob patterns ("lm_head.*").
+     * Each stays whole on every rank, never sharded, gathered, cast or reduced.
+     * allReduce: backward all-reduces their gradients (training equals one
+     * process); false, as in PyTorch: each rank keeps its own.
+     */
+    public Builder ignoredParams(boolean allReduce, String... patterns) {
+      set("ignored_params", java.util.Arrays.asList(patterns));
+      return set("ignored_params_all_reduce", allReduce);
+    }
+
+    /**
+     * When unit's forward begins, all-gather the listed units too, in place of
+     * the forward prefetch depth for it (module names; "" is the root). Call
+     * once per unit.
+     */
+    public Builder forwardPrefetchModules(String unit, String... listed) {
+      return appendList("forward_prefetch_modules", unit, listed);
+    }
+
+    /** As forwardPrefetchModules, for the unit's backward. */
+    public Builder backwardPrefetchModules(String unit, String... listed) {
+      return appendList("backward_prefetch_modules", unit, listed);
+    }
+
+    // The C ABI's text form: "unit:a,b;unit:c".
+    private Builder appendList(String key, String unit, String... listed) {
+      Object old = options.get(key);
+      String entry = unit + ":" + String.join(",", listed);
+      return set(key, old == null ? entry : old + ";" + entry);
+    }
+
     public Builder cpuOffload(boolean offload) {
       return set("cpu_offload", offload);
     }

@@ -51,6 +51,14 @@ class FSDP2StrategyTest {
     FSDP2Strategy.builder().activationCheckpointing(true).build().close();
     FSDP2Strategy.builder().prefetch(0, 2).gradientAccumulation("sharded")
         .gradientDivideFactor(1.0).build().close();
+    FSDP2Strategy.builder().ignoredParams(true, "wpe.weight", "blocks.*.bias")
+        .forwardPrefetchModules("", "blocks.1", "blocks.0").forwardPrefetchModules("blocks.0")
+        .backwardPrefetchModules("blocks.1", "blocks.0").build().close();
+    expect(Status.INVALID_ARGUMENT, "contains one of",
+        () -> FSDP2Strategy.builder().ignoredParams(false, "a,b").build());
+    expect(Status.INVALID_ARGUMENT, "given twice",
+        () -> FSDP2Strategy.builder().forwardPrefetchModules("a", "b")
+            .forwardPrefetchModules("a", "c").build());
     expect(Status.INVALID_ARGUMENT, "local, sharded",
         () -> FSDP2Strategy.builder().gradientAccumulation("never").build());
     expect(Status.INVALID_ARGUMENT, "forward_prefetch and backward_prefetch",
