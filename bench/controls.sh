@@ -11,9 +11,12 @@
 # peak RSS over the ranks, the largest peak of all-gathered parameter bytes
 # alive at once (the engine's count), and the ratios to the row's baseline.
 # With --pytorch 1 each prefetch row is followed by PyTorch's own FSDP2 on
-# the same model, batch and cores (bench/python_ddp_gpt.py --fsdp2 1 --bf16 1
-# --prefetch D: explicit lists of D blocks each way; its median step is the
-# slowest rank's, its RSS the largest rank's), and the ratio fsdp2 / PyTorch.
+# the same model, batch and cores (bench/python_ddp_gpt.py --fsdp2 1
+# --prefetch D: explicit lists of D blocks each way; bf16 as fsdp2's
+# default, fp32 when the extra flags say --mixed-precision fp32; its median
+# step is the slowest rank's, its RSS the largest rank's), and the ratio
+# fsdp2 / PyTorch. PyTorch's bf16 on a CPU without AVX-512 BF16 is
+# several times slower than its fp32: compare in fp32 there.
 #
 #   bazel run -c opt //bench:controls -- [--steps N] [--rows prefetch|accum] [--pytorch 1] [extra main-job flags]
 set -uo pipefail
@@ -28,6 +31,12 @@ while [[ "${1:-}" == --steps || "${1:-}" == --rows || "${1:-}" == --pytorch ]]; 
     --pytorch) pytorch="$2" ;;
   esac
   shift 2
+done
+# PyTorch's rows follow the main job's --mixed-precision (bf16 by default).
+torch_bf16=1
+args=("$@")
+for ((i = 0; i + 1 < ${#args[@]}; i++)); do
+  [[ "${args[i]}" == --mixed-precision && "${args[i + 1]}" == fp32 ]] && torch_bf16=0
 done
 here="$(dirname "$(realpath "${BASH_SOURCE[0]}")")"
 venv_python="${FSDP2_VENV:-/opt/fsdp2/venv}/bin/python3"  # scripts/setup.sh's
@@ -66,7 +75,7 @@ run() {
 # fsdp2's row "prefetch D".
 pytorch_row() {
   local d="$1" label="pytorch prefetch $1" out="$tmp/pytorch$1.log"
-  if ! "$python" "$here/python_ddp_gpt.py" --fsdp2 1 --bf16 1 --nproc 2 --global-batch 4 \
+  if ! "$python" "$here/python_ddp_gpt.py" --fsdp2 1 --bf16 "$torch_bf16" --nproc 2 --global-batch 4 \
       --n-layer 12 --n-embd 768 --n-head 12 --vocab-size 256 --block-size 128 \
       --warmup 2 --steps "$((steps > 2 ? steps - 2 : 1))" --prefetch "$d" > "$out" 2>&1; then
     echo "$label failed:"; tail -5 "$out"; return

@@ -50,6 +50,7 @@
 #include "core/models/gpt_module.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/fsdp2_strategy.h"
+#include "core/strategy/fsdp_controls.h"
 #include "core/strategy/trainer.h"
 
 namespace {
@@ -65,6 +66,9 @@ struct Flags {
   int prefetch_depth = 1;  // forward and backward
   int reshard_after_forward = -1;  // -1: the strategy's default
   std::string grad_accum_mode = "local";
+  std::string ignored_params;  // names or globs, comma-separated
+  int ignored_params_all_reduce = 1;
+  std::string forward_prefetch_modules, backward_prefetch_modules;  // "unit:a,b;..."
   int timeout_s = 300;  // FSDP2_TIMEOUT_S, when set, is the default
   int steps = 30;
   uint64_t seed = 1337;
@@ -198,6 +202,21 @@ Flags ParseFlags(int argc, char** argv) {
         "grad-accum-mode", f.grad_accum_mode,
         "local (keep unsharded gradients until the last micro-batch) | sharded "
         "(reduce-scatter each micro-batch, all-reduce across replicas at the last)");
+    f.ignored_params = parser.String(
+        "ignored-params", f.ignored_params,
+        "parameters kept out of sharding, whole on every rank: names or globs, "
+        "comma-separated (\"wpe.weight,blocks.*.ln1.*\")");
+    f.ignored_params_all_reduce = parser.Int(
+        "ignored-params-all-reduce", f.ignored_params_all_reduce,
+        "1: backward all-reduces the ignored parameters' gradients (training equals one "
+        "process); 0: each rank keeps its own");
+    f.forward_prefetch_modules = parser.String(
+        "forward-prefetch-modules", f.forward_prefetch_modules,
+        "explicit forward prefetch lists in place of the depth: "
+        "\"blocks.0:blocks.1,blocks.2;blocks.1:blocks.3\" (\"\" before ':' is the root)");
+    f.backward_prefetch_modules = parser.String(
+        "backward-prefetch-modules", f.backward_prefetch_modules,
+        "explicit backward prefetch lists, as --forward-prefetch-modules");
     f.device = parser.String("device", f.device,
                              "auto|cpu|cuda|cuda:K (auto: the rank's GPU where there is one)");
     f.init_from = parser.String("init-from", f.init_from,
@@ -260,6 +279,15 @@ Flags ParseFlags(int argc, char** argv) {
   if (f.reshard_after_forward < -1) Fail("--reshard-after-forward must be -1, 0, 1 or a group size");
   if (f.grad_accum_mode != "local" && f.grad_accum_mode != "sharded") {
     Fail("--grad-accum-mode must be local or sharded, got '" + f.grad_accum_mode + "'");
+  }
+  if (f.ignored_params_all_reduce != 0 && f.ignored_params_all_reduce != 1) {
+    Fail("--ignored-params-all-reduce must be 0 or 1");
+  }
+  try {
+    strategy::ParsePrefetchModules(f.forward_prefetch_modules, "--forward-prefetch-modules");
+    strategy::ParsePrefetchModules(f.backward_prefetch_modules, "--backward-prefetch-modules");
+  } catch (const std::exception& e) {
+    Fail(e.what());
   }
   if (f.timeout_s < 1) Fail("--timeout must be at least 1 second");
   if (!f.ckpt_dir.empty()) {
@@ -400,6 +428,12 @@ int RunRank(const Flags& f) {
   options.forward_prefetch = f.prefetch_depth;
   options.backward_prefetch = f.prefetch_depth;
   options.gradient_accumulation = f.grad_accum_mode;
+  options.ignored_params = strategy::SplitNames(f.ignored_params);
+  options.ignored_params_all_reduce = f.ignored_params_all_reduce == 1;
+  options.forward_prefetch_modules =
+      strategy::ParsePrefetchModules(f.forward_prefetch_modules, "--forward-prefetch-modules");
+  options.backward_prefetch_modules =
+      strategy::ParsePrefetchModules(f.backward_prefetch_modules, "--backward-prefetch-modules");
   options.timeout = std::chrono::seconds(f.timeout_s);
   strategy::FSDP2Strategy strategy(options);
   strategy.setup_environment();

@@ -180,6 +180,26 @@ else
   echo "FAIL: full_shard --reshard-after-forward 2 on 2 hosts x 2 ranks exited non-zero:"; echo "$out"; fail=1
 fi
 
+# Explicit prefetch lists (the root's, forward and backward, and a block's)
+# and an ignored parameter whose gradient backward() all-reduces, by name
+# through the main job's flags: one process with the same flags prints the
+# same losses (the ignored embedding is not cast to bf16 in either).
+ctl=(--ignored-params wpe.weight --forward-prefetch-modules ":blocks.1,blocks.0"
+     --backward-prefetch-modules ":blocks.0,blocks.1;blocks.1:blocks.0")
+if one_ctl=$(timeout 300 "$train" --nproc 1 --batch-size 8 "${common[@]}" "${ctl[@]}" \
+      --out-dir "$tmp/one-ctl" 2>&1) &&
+   out=$(RUN_NAME=fsdp-lists run_hosts full_shard "${ctl[@]}"); then
+  l=$(grep '^\[rank 0\]' <<<"$out" | losses)
+  if [[ -z "$l" || "$l" != "$(echo "$one_ctl" | losses)" ]]; then
+    echo "FAIL: full_shard with prefetch lists and an ignored parameter on 2 hosts differs from one process:"
+    paste <(echo "$one_ctl" | losses) <(echo "$l"); echo "$out"; fail=1
+  fi
+  echo "full_shard, prefetch lists, ignored wpe.weight all-reduced: losses equal one process"
+else
+  echo "FAIL: prefetch lists and ignored parameters on 1 process or 2 hosts x 2 ranks exited non-zero:"
+  echo "${one_ctl:-}"; echo "${out:-}"; fail=1
+fi
+
 # A job on 2 hosts whose MASTER_ADDR is loopback cannot know the network
 # between them: each rank on host 0 must say so and name GLOO_SOCKET_IFNAME.
 # (The file store lets the ranks meet without TCP.)

@@ -4,8 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
-#include <sstream>
 #include <unordered_set>
+
+#include "core/strategy/fsdp_controls.h"
 
 namespace fsdp2 {
 namespace c_api {
@@ -16,50 +17,6 @@ const char* InternString(const std::string& s) {
   std::lock_guard<std::mutex> lock(mu);
   return strings->insert(s).first->c_str();
 }
-
-namespace {
-
-// "a, b,c" as {"a", "b", "c"} (blanks around items dropped, empty items
-// skipped).
-std::vector<std::string> SplitList(const std::string& text, char separator) {
-  std::vector<std::string> items;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, separator);) {
-    const size_t begin = item.find_first_not_of(" \t");
-    if (begin == std::string::npos) continue;
-    items.push_back(item.substr(begin, item.find_last_not_of(" \t") - begin + 1));
-  }
-  return items;
-}
-
-// "unit:a,b;unit2:c" (see fsdp2.h) as a map; InvalidArgumentError naming
-// `field` for an entry without its colon or a unit named twice.
-std::map<std::string, std::vector<std::string>> ParsePrefetchModules(const char* text,
-                                                                     const char* field) {
-  std::map<std::string, std::vector<std::string>> lists;
-  if (text == nullptr) return lists;
-  std::stringstream in(text);
-  for (std::string entry; std::getline(in, entry, ';');) {
-    if (entry.find_first_not_of(" \t") == std::string::npos) continue;
-    const size_t colon = entry.find(':');
-    if (colon == std::string::npos) {
-      throw InvalidArgumentError(std::string(field) + ": entry '" + entry +
-                                 "' has no ':' (write \"unit:listed,listed;unit:listed\")");
-    }
-    std::vector<std::string> unit = SplitList(entry.substr(0, colon), ',');
-    if (unit.size() > 1) {
-      throw InvalidArgumentError(std::string(field) + ": entry '" + entry +
-                                 "' names more than one unit before its ':'");
-    }
-    const std::string name = unit.empty() ? "" : unit[0];
-    if (!lists.emplace(name, SplitList(entry.substr(colon + 1), ',')).second) {
-      throw InvalidArgumentError(std::string(field) + ": unit '" + name + "' is given twice");
-    }
-  }
-  return lists;
-}
-
-}  // namespace
 
 nlohmann::json ParseObject(const char* json, const char* what) {
   NotNull(json, what);
@@ -177,15 +134,19 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
           "gradient_divide_factor must be 0 (the data-parallel size) or positive, got " +
               std::to_string(o.gradient_divide_factor));
   out.gradient_divide_factor = o.gradient_divide_factor;
-  if (o.ignored_params != nullptr) out.ignored_params = SplitList(o.ignored_params, ',');
+  if (o.ignored_params != nullptr) out.ignored_params = strategy::SplitNames(o.ignored_params);
   Require(o.ignored_params_all_reduce == 0 || o.ignored_params_all_reduce == 1,
           "ignored_params_all_reduce must be 0 or 1, got " +
               std::to_string(o.ignored_params_all_reduce));
   out.ignored_params_all_reduce = o.ignored_params_all_reduce == 1;
-  out.forward_prefetch_modules =
-      ParsePrefetchModules(o.forward_prefetch_modules, "forward_prefetch_modules");
-  out.backward_prefetch_modules =
-      ParsePrefetchModules(o.backward_prefetch_modules, "backward_prefetch_modules");
+  if (o.forward_prefetch_modules != nullptr) {
+    out.forward_prefetch_modules =
+        strategy::ParsePrefetchModules(o.forward_prefetch_modules, "forward_prefetch_modules");
+  }
+  if (o.backward_prefetch_modules != nullptr) {
+    out.backward_prefetch_modules =
+        strategy::ParsePrefetchModules(o.backward_prefetch_modules, "backward_prefetch_modules");
+  }
   switch (o.activation_checkpointing) {
     case FSDP2_AC_NONE: break;
     case FSDP2_AC_FULL: out.activation_checkpointing = fsdp::ActivationCheckpointing::Full(); break;

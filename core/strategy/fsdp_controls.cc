@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <fnmatch.h>
 
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -26,6 +27,41 @@ void FSDP2StrategyOptions::set_reshard_after_forward(int value) {
   } else if (value > 1) {
     reshard_after_forward_size = value;
   }
+}
+
+std::vector<std::string> SplitNames(const std::string& text, char separator) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, separator);) {
+    const size_t begin = item.find_first_not_of(" \t");
+    if (begin == std::string::npos) continue;
+    items.push_back(item.substr(begin, item.find_last_not_of(" \t") - begin + 1));
+  }
+  return items;
+}
+
+std::map<std::string, std::vector<std::string>> ParsePrefetchModules(const std::string& text,
+                                                                     const char* option) {
+  std::map<std::string, std::vector<std::string>> lists;
+  std::stringstream in(text);
+  for (std::string entry; std::getline(in, entry, ';');) {
+    if (entry.find_first_not_of(" \t") == std::string::npos) continue;
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos) {
+      throw InvalidArgumentError(std::string(option) + ": entry '" + entry +
+                                 "' has no ':' (write \"unit:listed,listed;unit:listed\")");
+    }
+    const std::vector<std::string> unit = SplitNames(entry.substr(0, colon));
+    if (unit.size() > 1) {
+      throw InvalidArgumentError(std::string(option) + ": entry '" + entry +
+                                 "' names more than one unit before its ':'");
+    }
+    const std::string name = unit.empty() ? "" : unit[0];
+    if (!lists.emplace(name, SplitNames(entry.substr(colon + 1))).second) {
+      throw InvalidArgumentError(std::string(option) + ": unit '" + name + "' is given twice");
+    }
+  }
+  return lists;
 }
 
 std::vector<at::Tensor> MatchParameters(torch::nn::Module& root,

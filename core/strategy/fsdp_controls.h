@@ -2,8 +2,9 @@
 //
 // fully_shard's controls that FSDP2Strategy takes by name (its options
 // ignored_params, forward_prefetch_modules, backward_prefetch_modules):
-// resolving the names against the model, and the all-reduce of the ignored
-// parameters' gradients. Internal to the strategy library.
+// their text forms (the C ABI's strings, the main job's flags), resolving
+// the names against the model, and the all-reduce of the ignored
+// parameters' gradients.
 #ifndef FSDP2_CORE_STRATEGY_FSDP_CONTROLS_H_
 #define FSDP2_CORE_STRATEGY_FSDP_CONTROLS_H_
 
@@ -18,6 +19,18 @@
 
 namespace fsdp2 {
 namespace strategy {
+
+// "a, b,c" as {"a", "b", "c"}: blanks around items dropped, empty items
+// skipped.
+std::vector<std::string> SplitNames(const std::string& text, char separator = ',');
+
+// The text form of FSDP2StrategyOptions::forward_prefetch_modules (and
+// backward_): "unit:listed,listed;unit:listed" ("" before the colon: the
+// root; nothing after it: an empty list). Throws std::invalid_argument
+// naming `option` for an entry without its colon, with more than one unit
+// before it, or a unit given twice.
+std::map<std::string, std::vector<std::string>> ParsePrefetchModules(const std::string& text,
+                                                                     const char* option);
 
 // The parameters of `root` whose names match one of `patterns` (a name, or
 // a glob over names: fnmatch without flags), each tensor once, in

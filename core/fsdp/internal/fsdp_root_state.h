@@ -38,12 +38,13 @@
 //    all-gather), which is the prefetch (with depth 1, the next unit's
 //    all-gather overlaps this one's gradients). A unit with an explicit
 //    list instead moves the all-gathers of its list right behind its own
-//    (past anything), and the all-gather after its own stays in place. Every rank issues these
-//    operations in this order, over both lanes, and waits only for
-//    operations it has issued: then no rank can wait for one that another
-//    rank will issue only after a wait of its own (the ranks would
-//    deadlock if one issued a reduction before an all-gather that another
-//    issued after it).
+//    (past anything), and the all-gather after its own stays in place;
+//    one that is already unsharded gets a marker there for its list.
+//    Every rank issues these operations in this order, over both lanes,
+//    and waits only for operations it has issued: then no rank can wait
+//    for one that another rank will issue only after a wait of its own
+//    (the ranks would deadlock if one issued a reduction before an
+//    all-gather that another issued after it).
 //    What a rank does at an operation depends on what this backward runs
 //    here, which the autograd graph tells at its start: an all-gather of a
 //    unit whose pre-backward will run here is issued and kept for it (at
