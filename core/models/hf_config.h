@@ -1,0 +1,82 @@
+// fsdp2/core/models/hf_config.h
+//
+// A Hugging Face config.json of the Llama family (model_type "llama",
+// "mistral", "qwen2"), read into what a Llama-family decoder needs: sizes,
+// grouped-query attention, rotary embeddings (default, linear and Llama 3
+// frequency scaling), biases, tied embeddings and sliding windows per layer.
+// Both config forms are read: transformers 4's (top-level rope_theta and
+// rope_scaling, torch_dtype) and 5's (rope_parameters, dtype). Anything the
+// model cannot represent is an InvalidArgumentError that names the field
+// and the file, never a silent approximation. Issue #27; the plan is
+// docs/design/hf-llama-plan.md.
+#ifndef FSDP2_CORE_MODELS_HF_CONFIG_H_
+#define FSDP2_CORE_MODELS_HF_CONFIG_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp2 {
+namespace models {
+
+// How rotary frequencies are scaled (rope_type).
+enum class RopeType { kDefault, kLinear, kLlama3 };
+
+struct RopeScaling {
+  RopeType type = RopeType::kDefault;
+  double factor = 1.0;            // linear and llama3
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3
+};
+
+struct HfLlamaConfig {
+  std::string model_type;  // llama | mistral | qwen2
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // config's, else hidden_size / num_attention_heads
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope;
+  bool qkv_bias = false;   // q_proj, k_proj, v_proj
+  bool o_bias = false;     // o_proj
+  bool mlp_bias = false;   // gate_proj, up_proj, down_proj
+  bool tie_word_embeddings = false;
+  // One entry per layer: the attention window (a token attends to itself
+  // and the window - 1 before it), 0 for full causal attention.
+  std::vector<int64_t> sliding_window;
+  c10::optional<int64_t> pad_token_id;  // its embedding row gets no gradient
+  c10::optional<at::ScalarType> dtype;  // torch_dtype / dtype, where given
+  std::string json;  // the file's text, for saving it back
+};
+
+// Parses config.json's text; `where` names it in errors (a path).
+// Throws InvalidArgumentError naming the field for a missing required size
+// (model_type, vocab_size, hidden_size, intermediate_size,
+// num_hidden_layers, num_attention_heads), a model_type other than llama,
+// mistral or qwen2, hidden_act other than silu, a rope type other than
+// default, linear or llama3 (or llama3 without its four keys), a partial
+// rotary factor, attention dropout, quantization, heads that the key/value
+// heads do not divide, an odd head_dim, a non-positive size or a bad
+// layer_types.
+HfLlamaConfig ParseHfConfig(const std::string& json_text, const std::string& where);
+
+// DIR/config.json parsed; NotFoundError if it does not exist.
+HfLlamaConfig LoadHfConfig(const std::string& dir);
+
+// The rotary inverse frequencies, float32 [head_dim / 2], as transformers
+// computes them (in float32, with the config's scaling applied).
+at::Tensor RopeInvFreq(const HfLlamaConfig& config);
+
+}  // namespace models
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_MODELS_HF_CONFIG_H_
