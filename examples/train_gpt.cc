@@ -205,7 +205,7 @@ Flags ParseFlags(int argc, char** argv) {
     f.ignored_params = parser.String(
         "ignored-params", f.ignored_params,
         "parameters kept out of sharding, whole on every rank: names or globs, "
-        "comma-separated (\"wpe.weight,blocks.*.ln1.*\")");
+        "comma-separated, e.g. \"wpe.weight\" (not cast to bf16)");
     f.ignored_params_all_reduce = parser.Int(
         "ignored-params-all-reduce", f.ignored_params_all_reduce,
         "1: backward all-reduces the ignored parameters' gradients (training equals one "

@@ -84,11 +84,11 @@ E JsonEnum(const nlohmann::json& v, const std::string& key,
   throw InvalidArgumentError("\"" + key + "\" must be one of " + known + ", got " + v.dump());
 }
 
-// The caller's options (NULL: defaults), validated and converted.
 // A copy of `s` that lives until the process ends (one per distinct
 // string): what *_from_json puts in an option struct's string fields.
 const char* InternString(const std::string& s);
 
+// The caller's options (NULL: defaults), validated and converted.
 strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t* options);
 fsdp2_optimizer_options_t ReadOptimizerOptions(const fsdp2_optimizer_options_t* options);
 fsdp2_step_options_t ReadStepOptions(const fsdp2_step_options_t* options);
