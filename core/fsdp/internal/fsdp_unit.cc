@@ -89,6 +89,10 @@ FSDPUnit::FSDPUnit(const std::shared_ptr<torch::nn::Module>& module,
 void FSDPUnit::skip_forward(bool grad) {
   if (!group_.gathers()) return;
   group_.wait_unshard();
+  reshard_after_pass(grad);
+}
+
+void FSDPUnit::reshard_after_pass(bool grad) {
   if (!grad) {
     group_.reshard();
   } else if (reshard_after_forward_) {
@@ -184,11 +188,7 @@ void FSDPUnit::attach_grad_node() {
 std::vector<at::Tensor> FSDPUnit::post_forward(
     std::vector<at::Tensor> outputs) {
   const bool grad = at::GradMode::is_enabled();
-  if (!grad) {
-    group_.reshard();
-  } else if (reshard_after_forward_) {
-    group_.reshard_after_forward();
-  }
+  reshard_after_pass(grad);
   if (root_state_) root_state_->end_forward();
   const auto& dtype = options_.mp_policy.output_dtype;
   if (root_state_ && dtype.has_value()) {

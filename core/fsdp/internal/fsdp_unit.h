@@ -116,6 +116,10 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
 
  private:
   std::shared_ptr<FSDPRootState> init_as_root();
+  // After this unit's forward, run or skipped (`grad`: gradients enabled in
+  // the pass): reshard fully without gradients, else as the options say
+  // (fully, down to the block group, or not at all).
+  void reshard_after_pass(bool grad);
   void attach_grad_node();
 
   torch::nn::Module* module_;
