@@ -63,7 +63,7 @@ fi
 # machine). The marker file records what was installed: a second run with the
 # same requirements does nothing.
 VENV=${FSDP2_VENV:-/opt/fsdp2/venv}
-REQUIREMENTS=(torch==2.11.0 numpy pytest safetensors)
+REQUIREMENTS=(torch==2.11.0 numpy pytest safetensors transformers==5.24.0)
 marker="$VENV/.fsdp2-requirements"
 if [[ ! -x "$VENV/bin/python3" || "$(cat "$marker" 2>/dev/null)" != "${REQUIREMENTS[*]}" ]]; then
   echo "setup: making $VENV with ${REQUIREMENTS[*]}" >&2

@@ -237,6 +237,63 @@ HfLlamaConfig LoadHfConfig(const std::string& dir) {
   return ParseHfConfig(text.str(), path);
 }
 
+std::string ToConfigJson(const HfLlamaConfig& c, at::ScalarType dtype) {
+  const std::string type = dtype == at::kBFloat16 ? "bfloat16"
+                           : dtype == at::kHalf   ? "float16"
+                           : dtype == at::kDouble ? "float64"
+                                                  : "float32";
+  const std::string architecture = c.model_type == "mistral" ? "MistralForCausalLM"
+                                   : c.model_type == "qwen2" ? "Qwen2ForCausalLM"
+                                                             : "LlamaForCausalLM";
+  json j;
+  if (!c.json.empty()) {
+    j = json::parse(c.json);
+  } else {
+    j = {{"model_type", c.model_type},
+         {"vocab_size", c.vocab_size},
+         {"hidden_size", c.hidden_size},
+         {"intermediate_size", c.intermediate_size},
+         {"num_hidden_layers", c.num_hidden_layers},
+         {"num_attention_heads", c.num_attention_heads},
+         {"num_key_value_heads", c.num_key_value_heads},
+         {"head_dim", c.head_dim},
+         {"hidden_act", "silu"},
+         {"rms_norm_eps", c.rms_norm_eps},
+         {"tie_word_embeddings", c.tie_word_embeddings}};
+    json rope = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};
+    if (c.rope.type == RopeType::kLinear) {
+      rope["rope_type"] = "linear";
+      rope["factor"] = c.rope.factor;
+    } else if (c.rope.type == RopeType::kLlama3) {
+      rope = {{"rope_theta", c.rope_theta},
+              {"rope_type", "llama3"},
+              {"factor", c.rope.factor},
+              {"low_freq_factor", c.rope.low_freq_factor},
+              {"high_freq_factor", c.rope.high_freq_factor},
+              {"original_max_position_embeddings", c.rope.original_max_position_embeddings}};
+    }
+    j["rope_parameters"] = rope;
+    if (c.model_type == "llama") {
+      j["attention_bias"] = c.qkv_bias;
+      j["mlp_bias"] = c.mlp_bias;
+    }
+    if (c.pad_token_id) j["pad_token_id"] = *c.pad_token_id;
+    const int64_t window = c.sliding_window.empty() ? 0 : c.sliding_window.back();
+    if (c.model_type == "mistral") j["sliding_window"] = window > 0 ? json(window) : json(nullptr);
+    if (c.model_type == "qwen2") {
+      json types = json::array();
+      for (int64_t w : c.sliding_window) types.push_back(w > 0 ? "sliding_attention" : "full_attention");
+      j["use_sliding_window"] = window > 0;
+      j["sliding_window"] = window > 0 ? json(window) : json(nullptr);
+      if (window > 0) j["layer_types"] = types;
+    }
+  }
+  if (j.contains("torch_dtype")) j["torch_dtype"] = type;
+  j["dtype"] = type;
+  if (!j.contains("architectures")) j["architectures"] = json::array({architecture});
+  return j.dump(2) + "\n";
+}
+
 at::Tensor RopeInvFreq(const HfLlamaConfig& c) {
   at::NoGradGuard no_grad;
   const int64_t dim = c.head_dim;

@@ -72,6 +72,12 @@ HfLlamaConfig ParseHfConfig(const std::string& json_text, const std::string& whe
 // DIR/config.json parsed; NotFoundError if it does not exist.
 HfLlamaConfig LoadHfConfig(const std::string& dir);
 
+// config.json's text for weights saved in `dtype`: the file this config
+// was read from with its dtype (and torch_dtype, where present) set and
+// architectures filled in where absent, or, for a config made in code,
+// transformers 5's form of its fields.
+std::string ToConfigJson(const HfLlamaConfig& config, at::ScalarType dtype);
+
 // The rotary inverse frequencies, float32 [head_dim / 2], as transformers
 // computes them (in float32, with the config's scaling applied).
 at::Tensor RopeInvFreq(const HfLlamaConfig& config);

@@ -91,7 +91,11 @@ at::Tensor AllowedMask(int64_t T, int64_t window, c10::Device device) {
 }  // namespace
 
 RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
-  weight = register_parameter("weight", torch::ones({size}));
+  // empty + ones_, as stock modules build theirs (deferred initialisation
+  // replays the in-place fill).
+  weight = register_parameter("weight", torch::empty({size}));
+  torch::NoGradGuard no_grad;
+  torch::nn::init::ones_(weight);
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {

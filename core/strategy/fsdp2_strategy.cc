@@ -358,6 +358,9 @@ void FSDP2Strategy::parallelize() {
   }
   ignored_params_ = MatchParameters(*module_->module(), options_.ignored_params, "ignored_params");
   fsdp_options.ignored_params = ignored_params_;
+  for (at::Tensor& p : MatchParameters(*module_->module(), options_.frozen_params, "frozen_params")) {
+    p.set_requires_grad(false);  // before FSDP, which keeps what it finds
+  }
   fn(module_->module(), fsdp_options);
   RequireStillParameters(*module_->module(), ignored_params_, "ignored_params");
   ApplyPrefetchModules(*module_->module(), options_.forward_prefetch_modules,
@@ -367,6 +370,7 @@ void FSDP2Strategy::parallelize() {
   if (fsdp::has_deferred_tensors(*module_->module())) {
     fsdp::materialize_module(*module_->module());
   }
+  load_hf_weights();
   optimizer_ = module_->configure_optimizers();
   if (!optimizer_) {
     throw InvalidArgumentError("FSDP2Strategy::parallelize: configure_optimizers() returned null");

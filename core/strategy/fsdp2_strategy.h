@@ -32,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -196,6 +197,14 @@ struct FSDP2StrategyOptions {
   // matches no parameter: std::invalid_argument from parallelize().
   std::vector<std::string> ignored_params;
   bool ignored_params_all_reduce = false;
+  // Parameters to train not at all (fine-tuning part of a model), by name
+  // or glob pattern as for ignored_params. parallelize() sets them
+  // requires_grad(false) before sharding: they get no gradient, no
+  // gradient memory, no reduction (a unit whose parameters are all frozen
+  // issues no reduce-scatter, on every rank alike) and no optimizer state;
+  // they are still sharded, gathered and saved. A pattern that matches no
+  // parameter: std::invalid_argument from parallelize().
+  std::vector<std::string> frozen_params;
 };
 
 // This rank's rows of a dataset held as tensors with a common first dim,
@@ -293,7 +302,19 @@ class FSDP2Strategy {
   // directory or file; its optimizer entries are skipped). Values are
   // converted to the parameters' dtypes. Throws IoError for an unreadable
   // file, InvalidArgumentError for names or shapes that do not match.
+  // A Hugging Face checkpoint (a directory with model.safetensors or
+  // model.safetensors.index.json, or the index) loads row by row
+  // (checkpoint::LoadHfWeights: each rank reads only its rows; always
+  // strict).
   void load_model_state_dict(const std::string& safetensors_path, bool strict = true);
+  // Writes the model's parameters to directory `dir` in transformers'
+  // layout (checkpoint::SaveHfWeights: shards of at most max_shard_bytes
+  // and their index, or one model.safetensors; config.json), in `dtype`
+  // or the parameters' own, atomically; `from_pretrained(dir)` loads it.
+  // The module must be an HfModel (it gives config.json):
+  // FailedPreconditionError otherwise. Collective.
+  void save_hf_checkpoint(const std::string& dir, int64_t max_shard_bytes = 5'000'000'000,
+                          std::optional<at::ScalarType> dtype = std::nullopt);
 
   // Model, optimizer and step counters, written atomically in
   // options().checkpoint_format (see core/checkpoint/*_checkpoint.h). Every
@@ -397,6 +418,8 @@ class FSDP2Strategy {
   // As require(true, true, what), and the optimizer is still there (no
   // teardown() since).
   void require_optimizer(const char* what) const;
+  // parallelize(): loads an HfModel's checkpoint into the sharded model.
+  void load_hf_weights();
   at::Tensor apply_loss_reduction(StepType step, const Batch& batch,
                                   at::Tensor output);
   at::Tensor evaluation_step(StepType step, const Batch& batch, int64_t idx);

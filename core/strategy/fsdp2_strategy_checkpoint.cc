@@ -10,15 +10,22 @@
 
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/full_checkpoint.h"
+#include "core/checkpoint/hf_checkpoint.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/sharded_checkpoint.h"
+#include "core/common/error.h"
 #include "core/strategy/fsdp2_strategy.h"
+#include "core/strategy/hf_model.h"
 
 namespace fsdp2 {
 namespace strategy {
 
 void FSDP2Strategy::load_model_state_dict(const std::string& safetensors_path, bool strict) {
   require(true, true, "load_model_state_dict");
+  if (checkpoint::IsHfCheckpoint(safetensors_path)) {
+    checkpoint::LoadHfWeights(safetensors_path, *module_->module(), *world_);
+    return;
+  }
   std::string file = safetensors_path;
   if (checkpoint::DetectCheckpoint(file) == checkpoint::CheckpointLayout::kFull) {
     file += std::string("/") + checkpoint::kFullCheckpointFile;
@@ -30,6 +37,34 @@ void FSDP2Strategy::load_model_state_dict(const std::string& safetensors_path, b
     state.emplace_back(item.first, f.load(item.first));
   }
   load_model_state_dict(state, strict);
+}
+
+void FSDP2Strategy::load_hf_weights() {
+  const auto* hf = dynamic_cast<const HfModel*>(module_.get());
+  if (hf == nullptr || hf->hf_weights_path().empty()) return;
+  checkpoint::LoadHfWeights(hf->hf_weights_path(), *module_->module(), *world_);
+}
+
+void FSDP2Strategy::save_hf_checkpoint(const std::string& dir, int64_t max_shard_bytes,
+                                       std::optional<at::ScalarType> dtype) {
+  require(true, true, "save_hf_checkpoint");
+  const auto* hf = dynamic_cast<const HfModel*>(module_.get());
+  if (hf == nullptr) {
+    throw FailedPreconditionError(
+        "FSDP2Strategy::save_hf_checkpoint: the module is not a Hugging Face model (an "
+        "HfModel, such as models::LlamaModule): there is no config.json to save with it; "
+        "use save_checkpoint");
+  }
+  checkpoint::HfSaveOptions options;
+  options.max_shard_bytes = max_shard_bytes;
+  if (dtype) options.dtype = *dtype;
+  at::ScalarType config_dtype = at::kFloat;
+  for (const auto& p : module_->module()->parameters()) {
+    config_dtype = p.scalar_type();
+    break;
+  }
+  checkpoint::SaveHfWeights(dir, *module_->module(), hf->hf_config_json(dtype.value_or(config_dtype)),
+                            options, *world_);
 }
 
 void FSDP2Strategy::save_checkpoint(const std::string& path, bool async) {

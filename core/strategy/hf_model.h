@@ -1,0 +1,32 @@
+// fsdp2/core/strategy/hf_model.h
+//
+// A TrainingModule whose model is a Hugging Face checkpoint's (the Llama
+// family's LlamaModule in core/models) also implements HfModel: then
+// FSDP2Strategy::parallelize() loads its weights row by row once the model
+// is sharded (so a model built under tensor_init_context() never exists
+// whole on any rank), and save_hf_checkpoint() writes it back in
+// transformers' layout with its config.json.
+#ifndef FSDP2_CORE_STRATEGY_HF_MODEL_H_
+#define FSDP2_CORE_STRATEGY_HF_MODEL_H_
+
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+namespace fsdp2 {
+namespace strategy {
+
+class HfModel {
+ public:
+  virtual ~HfModel() = default;
+  // The checkpoint parallelize() loads (a directory, an index or a
+  // .safetensors file; checkpoint::LoadHfWeights), or "" for none.
+  virtual std::string hf_weights_path() const = 0;
+  // config.json's text for weights saved in `dtype`.
+  virtual std::string hf_config_json(at::ScalarType dtype) const = 0;
+};
+
+}  // namespace strategy
+}  // namespace fsdp2
+
+#endif  // FSDP2_CORE_STRATEGY_HF_MODEL_H_

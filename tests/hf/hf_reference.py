@@ -1,0 +1,191 @@
+"""transformers' side of //tests:hf_llama_test (issue #27), in as few Python
+processes as possible (importing transformers takes seconds):
+
+  prepare OUT   tiny random checkpoints of each CASE in OUT/<case>, token
+                batches in OUT/data.safetensors, and transformers' results
+                in OUT/<case>.ref.safetensors (and OUT/<case>.frozen.ref...):
+                `logits` of the `eval` tokens, `losses` of STEPS AdamW steps
+                on the global batches, `after`: logits after them
+  check DATA DIR...   for each directory fsdp2 saved: the layout
+                save_pretrained's readers need, and its logits of DATA's
+                eval tokens through from_pretrained in DIR.logits.safetensors
+
+Cases: llama (Llama 3 rotary scaling, every bias, head_dim * heads !=
+hidden_size, nine shards), mistral (one key/value head, sliding window 4 <
+the sequence), qwen2 (tied embeddings, q/k/v biases), llama_bf16 (the llama
+stored in bfloat16, one file). Every parameter is redrawn after
+transformers' init, which leaves biases 0 and norms 1 and would hide their
+misuse.
+"""
+import argparse
+import fnmatch
+import json
+import os
+import sys
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+VOCAB, GLOBAL_BATCH, SEQ, STEPS = 96, 12, 16, 3
+
+
+def config(family):
+    import transformers as tf
+
+    if family == "llama":
+        return tf.LlamaConfig(
+            vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=64, attention_bias=True, mlp_bias=True, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8})
+    if family == "mistral":
+        return tf.MistralConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, sliding_window=4,
+            max_position_embeddings=64)
+    if family == "qwen2":
+        return tf.Qwen2Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+            max_position_embeddings=64)
+    raise SystemExit(f"unknown family {family}")
+
+
+CASES = {"llama": ("llama", False, "40KB"), "mistral": ("mistral", False, None),
+         "qwen2": ("qwen2", False, None), "llama_bf16": ("llama", True, None)}
+# Half of the layers, the embedding (with it Qwen2's tied head) and the norms.
+FROZEN = "model.embed_tokens.*,model.layers.0.*,*norm*"
+FROZEN_CASES = ("llama", "qwen2")
+
+
+def make(path, family, bf16, max_shard_size):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config(family), dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.05)
+    if bf16:
+        model = model.to(torch.bfloat16)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+
+
+def data(path):
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(VOCAB, (STEPS + 1, GLOBAL_BATCH, SEQ + 1), generator=g)
+    save_file({"inputs": tokens[:STEPS, :, :-1].contiguous(),
+               "targets": tokens[:STEPS, :, 1:].contiguous(),
+               "eval": tokens[STEPS, :4, :-1].contiguous()}, path)
+
+
+def load(path):
+    import transformers as tf
+
+    return tf.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager")
+
+
+def reference(path, data_path, out_path, frozen):
+    model = load(path)
+    d = load_file(data_path)
+    with torch.no_grad():
+        logits = model(input_ids=d["eval"]).logits
+    globs = [g for g in frozen.split(",") if g]
+    trained = []
+    for name, p in model.named_parameters():
+        if any(fnmatch.fnmatchcase(name, g) for g in globs):
+            p.requires_grad_(False)
+        else:
+            trained.append(p)
+    opt = torch.optim.AdamW(trained, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    losses = []
+    for s in range(STEPS):
+        out = model(input_ids=d["inputs"][s]).logits.float()
+        loss = F.cross_entropy(out.reshape(-1, out.size(-1)), d["targets"][s].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        after = model(input_ids=d["eval"]).logits
+    save_file({"logits": logits.contiguous(), "after": after.contiguous(),
+               "losses": torch.tensor(losses, dtype=torch.float64)}, out_path)
+
+
+def layout(path):
+    names = sorted(os.listdir(path))
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            j = json.load(f)
+        files = sorted(set(j["weight_map"].values()))
+        n = len(files)
+        expected = [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+        assert files == expected, (files, expected)
+        total = 0
+        for fname in files:
+            with safe_open(os.path.join(path, fname), "pt") as st:
+                assert st.metadata().get("format") == "pt", (fname, st.metadata())
+                for k in st.keys():
+                    assert j["weight_map"][k] == fname, k
+                    t = st.get_tensor(k)
+                    total += t.numel() * t.element_size()
+        assert j["metadata"]["total_size"] == total, (j["metadata"], total)
+        assert names == sorted(files + ["config.json", "model.safetensors.index.json"]), names
+    else:
+        with safe_open(os.path.join(path, "model.safetensors"), "pt") as st:
+            assert st.metadata().get("format") == "pt", st.metadata()
+        assert names == ["config.json", "model.safetensors"], names
+    print("layout ok:", path, names)
+
+
+def prepare(args):
+    os.makedirs(args.out, exist_ok=True)
+    data_path = os.path.join(args.out, "data.safetensors")
+    data(data_path)
+    for case, (family, bf16, shard) in CASES.items():
+        path = os.path.join(args.out, case)
+        make(path, family, bf16, shard)
+        reference(path, data_path, path + ".ref.safetensors", "")
+        if case in FROZEN_CASES:
+            reference(path, data_path, path + ".frozen.ref.safetensors", FROZEN)
+
+
+def check(args):
+    d = load_file(args.data)
+    for path in args.dirs:
+        layout(path)
+        model = load(path)
+        with torch.no_grad():
+            save_file({"logits": model(input_ids=d["eval"]).logits.contiguous()},
+                      path + ".logits.safetensors")
+
+
+def main():
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("prepare")
+    pr.add_argument("out")
+    pr.set_defaults(fn=prepare)
+    c = sub.add_parser("check")
+    c.add_argument("data")
+    c.add_argument("dirs", nargs="+")
+    c.set_defaults(fn=check)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
