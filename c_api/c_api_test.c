@@ -13,6 +13,9 @@
  *    the token-file loader trains alike on 1 and 2 ranks.
  *  - Deferred optimizer state: restoring parameters and the optimizer state
  *    reproduces the losses; restoring the parameters alone does not.
+ *  - Hugging Face checkpoints: a tiny Llama written here loads (deferred)
+ *    with the file's values, trains with its embedding frozen, saves in
+ *    shards and loads back; the new calls' errors.
  *  - Memory statistics on 1 and 2 ranks: the shards add up to the model
  *    (FULL_SHARD) or each rank holds it (NO_SHARD), AdamW's state is twice
  *    the shards, the peaks and their reset.
@@ -25,6 +28,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -954,6 +958,179 @@ static void TestDeferredModel(void) {
   EXPECT_ERROR(fsdp2_model_create_deferred(NULL, kGpt, &m), FSDP2_ERROR_INVALID_HANDLE, "NULL");
 }
 
+/* ------------------------------------------------------------------------
+ * Hugging Face checkpoints (ABI 1.8)
+ * ---------------------------------------------------------------------- */
+
+/* A tiny Llama written here as transformers writes one: config.json and
+ * model.safetensors, float32, parameter k's element i = HfValue(k, i). */
+static const struct {
+  const char* name;
+  int64_t rows, cols; /* cols 0: a vector */
+} kHfParams[] = {
+    {"model.embed_tokens.weight", kVocab, 8},
+    {"model.layers.0.self_attn.q_proj.weight", 8, 8},
+    {"model.layers.0.self_attn.k_proj.weight", 4, 8},
+    {"model.layers.0.self_attn.v_proj.weight", 4, 8},
+    {"model.layers.0.self_attn.o_proj.weight", 8, 8},
+    {"model.layers.0.mlp.gate_proj.weight", 16, 8},
+    {"model.layers.0.mlp.up_proj.weight", 16, 8},
+    {"model.layers.0.mlp.down_proj.weight", 8, 16},
+    {"model.layers.0.input_layernorm.weight", 8, 0},
+    {"model.layers.0.post_attention_layernorm.weight", 8, 0},
+    {"model.norm.weight", 8, 0},
+    {"lm_head.weight", kVocab, 8},
+};
+enum { kHfCount = sizeof(kHfParams) / sizeof(kHfParams[0]) };
+
+static float HfValue(int k, int64_t i) {
+  return kHfParams[k].cols == 0 ? 1.0f + 0.01f * (float)i : 0.2f * (float)sin(0.37 * (double)i + k);
+}
+
+static void WriteTinyHf(const char* dir) {
+  char path[700], header[4096];
+  size_t used = 0;
+  uint64_t offset = 0, header_len;
+  int k;
+  int64_t i;
+  FILE* f;
+  mkdir(dir, 0755);
+  snprintf(path, sizeof(path), "%s/config.json", dir);
+  f = fopen(path, "w");
+  fprintf(f, "{\"model_type\": \"llama\", \"vocab_size\": %d, \"hidden_size\": 8, "
+             "\"intermediate_size\": 16, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+             "\"num_key_value_heads\": 1, \"dtype\": \"float32\"}\n", kVocab);
+  fclose(f);
+  used += snprintf(header + used, sizeof(header) - used, "{\"__metadata__\":{\"format\":\"pt\"}");
+  for (k = 0; k < kHfCount; ++k) {
+    const int64_t n = kHfParams[k].rows * (kHfParams[k].cols ? kHfParams[k].cols : 1);
+    if (kHfParams[k].cols) {
+      used += snprintf(header + used, sizeof(header) - used,
+                       ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}",
+                       kHfParams[k].name, (long long)kHfParams[k].rows,
+                       (long long)kHfParams[k].cols, (unsigned long long)offset,
+                       (unsigned long long)(offset + 4 * n));
+    } else {
+      used += snprintf(header + used, sizeof(header) - used,
+                       ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld],\"data_offsets\":[%llu,%llu]}",
+                       kHfParams[k].name, (long long)kHfParams[k].rows,
+                       (unsigned long long)offset, (unsigned long long)(offset + 4 * n));
+    }
+    offset += 4 * n;
+  }
+  used += snprintf(header + used, sizeof(header) - used, "}");
+  while (used % 8 != 0) header[used++] = ' ';
+  snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+  f = fopen(path, "wb");
+  header_len = used; /* little-endian hosts only, as the format */
+  fwrite(&header_len, 8, 1, f);
+  fwrite(header, 1, used, f);
+  for (k = 0; k < kHfCount; ++k) {
+    const int64_t n = kHfParams[k].rows * (kHfParams[k].cols ? kHfParams[k].cols : 1);
+    for (i = 0; i < n; ++i) {
+      const float v = HfValue(k, i);
+      fwrite(&v, 4, 1, f);
+    }
+  }
+  fclose(f);
+}
+
+/* Parameter k's full value from the strategy. */
+static void GetHf(fsdp2_strategy_t* s, int k, float* out) {
+  fsdp2_tensor_t t = Tensor2(out, FSDP2_DTYPE_FLOAT32, kHfParams[k].rows,
+                             kHfParams[k].cols ? kHfParams[k].cols : 1);
+  if (kHfParams[k].cols == 0) t.ndim = 1;
+  CHECK_OK(fsdp2_strategy_get_parameter(s, kHfParams[k].name, &t));
+}
+
+/* Load (deferred), train with the embedding frozen, save in shards, load
+ * the save in a second strategy; the errors of the new calls. */
+static void TestHfCheckpoint(void) {
+  static float got[kVocab * 16], trained[2][16 * 8];
+  char dir[600], saved[600], path[700], store[600], json[800];
+  fsdp2_strategy_t* s;
+  fsdp2_model_t* model = NULL;
+  struct stat st;
+  int k, i, step;
+  snprintf(dir, sizeof(dir), "%s/tiny_hf", tmpdir);
+  snprintf(saved, sizeof(saved), "%s/tiny_hf_saved", tmpdir);
+  WriteTinyHf(dir);
+  snprintf(store, sizeof(store), "%s/store.hf1.%d", tmpdir, (int)getpid());
+  setenv("FSDP2_STORE_PATH", store, 1);
+  s = NewStrategy("{\"precision\": \"fp32\", \"frozen_params\": [\"model.embed_tokens.*\"]}");
+  snprintf(json, sizeof(json), "{\"family\": \"hf\", \"path\": \"%s\"}", dir);
+  CHECK_OK(fsdp2_model_create_deferred(s, json, &model));
+  CHECK_OK(fsdp2_strategy_connect(s, model, NULL));
+  fsdp2_model_destroy(model);
+  CHECK_OK(fsdp2_strategy_parallelize(s));
+  for (k = 0; k < kHfCount; ++k) { /* the file's values, exactly */
+    const int64_t n = kHfParams[k].rows * (kHfParams[k].cols ? kHfParams[k].cols : 1);
+    int same = 1;
+    GetHf(s, k, got);
+    for (i = 0; i < n; ++i) same = same && got[i] == HfValue(k, i);
+    EXPECT(same, "%s does not hold the checkpoint's values", kHfParams[k].name);
+  }
+  for (step = 0; step < 2; ++step) {
+    const double loss = TrainStep(s, step, 1, 0);
+    EXPECT(isfinite(loss) && loss > 0, "hf loss %g", loss);
+  }
+  GetHf(s, 0, got); /* frozen: unchanged */
+  EXPECT(got[5] == HfValue(0, 5), "the frozen embedding changed");
+  GetHf(s, 7, trained[0]); /* trained: changed */
+  EXPECT(trained[0][3] != HfValue(7, 3), "down_proj did not train");
+  CHECK_OK(fsdp2_strategy_save_hf_checkpoint(s, saved, "{\"max_shard_size\": \"1KB\"}"));
+  snprintf(path, sizeof(path), "%s/model.safetensors.index.json", saved);
+  EXPECT(stat(path, &st) == 0, "no %s", path);
+  snprintf(path, sizeof(path), "%s/config.json", saved);
+  EXPECT(stat(path, &st) == 0, "no %s", path);
+  EXPECT_ERROR(fsdp2_strategy_save_hf_checkpoint(s, saved, "{\"max_shard_size\": \"big\"}"),
+               FSDP2_ERROR_INVALID_ARGUMENT, "max_shard_size");
+  EXPECT_ERROR(fsdp2_strategy_save_hf_checkpoint(s, saved, "{\"dtype\": \"int8\"}"),
+               FSDP2_ERROR_INVALID_ARGUMENT, "dtype");
+  fsdp2_strategy_destroy(s);
+
+  /* The save, loaded eagerly by a second strategy, holds what trained. */
+  snprintf(store, sizeof(store), "%s/store.hf2.%d", tmpdir, (int)getpid());
+  setenv("FSDP2_STORE_PATH", store, 1);
+  s = NewStrategy("{\"precision\": \"fp32\"}");
+  snprintf(json, sizeof(json), "{\"family\": \"hf\", \"path\": \"%s\"}", saved);
+  CHECK_OK(fsdp2_model_create(json, &model));
+  CHECK_OK(fsdp2_strategy_connect(s, model, NULL));
+  fsdp2_model_destroy(model);
+  CHECK_OK(fsdp2_strategy_parallelize(s));
+  GetHf(s, 7, trained[1]);
+  EXPECT(memcmp(trained[0], trained[1], sizeof(float) * 8 * 16) == 0,
+         "the saved down_proj differs from the trained one");
+  /* And load_model_state_dict_file reads the original back, row by row. */
+  CHECK_OK(fsdp2_strategy_load_model_state_dict_file(s, dir));
+  GetHf(s, 7, got);
+  EXPECT(got[3] == HfValue(7, 3), "load_model_state_dict_file did not read the checkpoint");
+  fsdp2_strategy_destroy(s);
+
+  /* Errors. */
+  snprintf(store, sizeof(store), "%s/store.hf3.%d", tmpdir, (int)getpid());
+  setenv("FSDP2_STORE_PATH", store, 1);
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"hf\"}", &model), FSDP2_ERROR_INVALID_ARGUMENT,
+               "needs \"path\"");
+  snprintf(json, sizeof(json), "{\"family\": \"hf\", \"path\": \"%s/nothing\"}", tmpdir);
+  EXPECT_ERROR(fsdp2_model_create(json, &model), FSDP2_ERROR_IO, "no config.json");
+  s = NewStrategy("{\"precision\": \"fp32\", \"frozen_params\": \"nothing.matches\"}");
+  snprintf(json, sizeof(json), "{\"family\": \"hf\", \"path\": \"%s\"}", dir);
+  CHECK_OK(fsdp2_model_create(json, &model));
+  CHECK_OK(fsdp2_strategy_connect(s, model, NULL));
+  fsdp2_model_destroy(model);
+  EXPECT_ERROR(fsdp2_strategy_parallelize(s), FSDP2_ERROR_INVALID_ARGUMENT, "nothing.matches");
+  fsdp2_strategy_destroy(s);
+  snprintf(store, sizeof(store), "%s/store.hf4.%d", tmpdir, (int)getpid());
+  setenv("FSDP2_STORE_PATH", store, 1);
+  s = NewStrategy("{\"precision\": \"fp32\"}");
+  ConnectGpt(s);
+  EXPECT_ERROR(fsdp2_strategy_save_hf_checkpoint(s, saved, NULL),
+               FSDP2_ERROR_INVALID_ARGUMENT, "not a Hugging Face model");
+  fsdp2_strategy_destroy(s);
+  unsetenv("FSDP2_STORE_PATH");
+}
+
 /* The same training on N ranks equals one rank, step by step. */
 static void TestEquivalence(void) {
   static const int worlds[] = {1, 2, 3, 4};
@@ -1191,6 +1368,7 @@ int main(int argc, char** argv) {
   TestBatchesAndBuffers();
   unsetenv("FSDP2_STORE_PATH");
   TestDeferredModel();
+  TestHfCheckpoint();
   TestEquivalence();
   TestStrategiesAndPrecision();
   TestCheckpointResume();

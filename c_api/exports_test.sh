@@ -11,7 +11,7 @@ fi
 for f in fsdp2_strategy_create fsdp2_strategy_training_step fsdp2_strategy_save_checkpoint \
          fsdp2_last_error fsdp2_model_create fsdp2_dataloader_create_from_token_file \
          fsdp2_allocator fsdp2_restart_with_rank_environment \
-         fsdp2_strategy_load_model_state_dict_file \
+         fsdp2_strategy_load_model_state_dict_file fsdp2_strategy_save_hf_checkpoint \
          fsdp2_strategy_save_checkpoint_ex fsdp2_strategy_wait_for_checkpoint \
          fsdp2_launch_local_with_restarts fsdp2_restart_count \
          fsdp2_memory_stats_init fsdp2_strategy_memory_stats \

@@ -69,7 +69,7 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
-#define FSDP2_ABI_VERSION_MINOR 7 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists */
+#define FSDP2_ABI_VERSION_MINOR 8 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists; 1.8: Hugging Face Llama-family checkpoints, frozen parameters */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -306,6 +306,12 @@ typedef struct fsdp2_strategy_options {
    * held from the unit's turn to its own. */
   const char* forward_prefetch_modules;
   const char* backward_prefetch_modules;
+  /* Since ABI 1.8. Parameters not trained at all (fine-tuning part of a
+   * model): names or glob patterns as for ignored_params. They get no
+   * gradient, no gradient memory, no reduction and no optimizer state;
+   * they are still sharded and saved. A pattern that matches no parameter
+   * fails fsdp2_strategy_parallelize (INVALID_ARGUMENT). */
+  const char* frozen_params;
 } fsdp2_strategy_options_t;
 
 /* Fills `options` with the defaults: auto sizes, FULL_SHARD, BF16, gloo,
@@ -317,8 +323,8 @@ FSDP2_API void fsdp2_strategy_options_init(fsdp2_strategy_options_t* options);
  * above (sizes may also be "auto"; enums are strings: "full_shard",
  * "bf16"/"fp32", "gloo"/"nccl", "sharded"/"full",
  * "activation_checkpointing": "none"/"full"/"selective" or false/true,
- * "gradient_accumulation": "local"/"sharded", "ignored_params": a string
- * or a list of strings, "forward_prefetch_modules" and
+ * "gradient_accumulation": "local"/"sharded", "ignored_params" and
+ * "frozen_params": a string or a list of strings, "forward_prefetch_modules" and
  * "backward_prefetch_modules": a string or an object such as
  * {"blocks.0": ["blocks.1", "blocks.2"]}), e.g.
  *   {"data_parallel_size": "auto", "sharding_strategy": "no_shard"}
@@ -348,6 +354,19 @@ typedef struct fsdp2_strategy fsdp2_strategy_t;
  *    prediction = [B,out]:
  *      {"family": "mlp", "in_features": 16, "hidden": 32,
  *       "out_features": 4, "depth": 2}
+ *  - (since ABI 1.8) a Hugging Face Llama, Mistral or Qwen2 checkpoint
+ *    directory (config.json and model.safetensors, or shards with
+ *    model.safetensors.index.json, as transformers' save_pretrained writes
+ *    them); batch and prediction as for "gpt". Its weights load in
+ *    fsdp2_strategy_parallelize, each rank reading only its rows (with
+ *    fsdp2_model_create_deferred no rank ever holds the model);
+ *    parameters are float32 unless "dtype" says ("bfloat16", "float16",
+ *    "float64"), whatever the files store:
+ *      {"family": "hf", "path": "/models/llama", "dtype": "float32"}
+ *    A config.json the model cannot represent fails here
+ *    (INVALID_ARGUMENT naming the field); a missing, extra or mis-shaped
+ *    tensor fails fsdp2_strategy_parallelize (IO, naming it) before any
+ *    parameter is written.
  * Omitted sizes take the values shown. Parameters are initialised from the
  * global generator: create the model after fsdp2_strategy_setup_environment
  * (which seeds every rank alike) so every rank starts equal.
@@ -595,9 +614,25 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_set_parameter(
 
 /* Collective. Full parameters by name from a safetensors file: a PyTorch
  * state_dict() saved as safetensors, or a full checkpoint (optimizer entries
- * skipped). Names and shapes must match; each rank keeps its rows. */
+ * skipped). Names and shapes must match; each rank keeps its rows. Since
+ * ABI 1.8 also a Hugging Face checkpoint (a directory with
+ * model.safetensors or model.safetensors.index.json), each rank reading
+ * only its rows. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_load_model_state_dict_file(
     fsdp2_strategy_t* strategy, const char* path);
+
+/* Since ABI 1.8. Collective. Writes the model ("hf" family) to directory
+ * `dir` as transformers' save_pretrained does: config.json, and
+ * model.safetensors or shards model-0000i-of-0000N.safetensors with
+ * model.safetensors.index.json; from_pretrained(dir) loads it. Atomic: an
+ * interrupted save leaves the previous one. A directory holding other
+ * files is refused (IO). `options_json` (borrowed; NULL: defaults):
+ * {"max_shard_size": "5GB" (or "500MB", "2GiB", a number of bytes),
+ *  "dtype": "bfloat16" (default: the parameters' own)}.
+ * INVALID_ARGUMENT for a model of another family. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_save_hf_checkpoint(fsdp2_strategy_t* strategy,
+                                                           const char* dir,
+                                                           const char* options_json);
 
 /* Epoch and optimizer steps taken (restored by load_checkpoint). */
 FSDP2_API fsdp2_status_t fsdp2_strategy_current_epoch_step(

@@ -81,7 +81,8 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
       "timeout_ms, checkpoint_format, seed, shuffle, drop_last, "
       "activation_checkpointing, ac_every, device, forward_prefetch, backward_prefetch, "
       "gradient_accumulation, gradient_divide_factor, ignored_params, "
-      "ignored_params_all_reduce, forward_prefetch_modules, backward_prefetch_modules";
+      "ignored_params_all_reduce, forward_prefetch_modules, backward_prefetch_modules, "
+      "frozen_params";
   for (const auto& [key, v] : config.items()) {
     if (key == "data_parallel_size") {
       o.data_parallel_size = JsonSize(v, key);
@@ -134,6 +135,8 @@ fsdp2_status_t fsdp2_strategy_options_from_json(const char* json,
       o.gradient_divide_factor = JsonNumber<double>(v, key);
     } else if (key == "ignored_params") {
       o.ignored_params = JsonNameList(v, key);
+    } else if (key == "frozen_params") {
+      o.frozen_params = JsonNameList(v, key);
     } else if (key == "ignored_params_all_reduce") {
       o.ignored_params_all_reduce = JsonBool(v, key);
     } else if (key == "forward_prefetch_modules") {

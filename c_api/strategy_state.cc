@@ -3,10 +3,12 @@
 // What fsdp2_strategy_t holds: checkpoints, the optimizer's state, and the
 // model's parameters by name (full tensors gathered from their shards).
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "c_api/internal/api_impl.h"
 #include "c_api/internal/handles.h"
 #include "c_api/internal/tensors.h"
+#include "core/checkpoint/hf_checkpoint.h"
 #include "core/common/error.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/tp/state_dict.h"
@@ -105,6 +108,41 @@ fsdp2_status_t fsdp2_strategy_load_model_state_dict_file(fsdp2_strategy_t* strat
   NotNull(path, "path");
   RequireParallelized(*s, "fsdp2_strategy_load_model_state_dict_file");
   s->strategy->load_model_state_dict(std::string(path));
+  FSDP2_API_END_FILE
+}
+
+fsdp2_status_t fsdp2_strategy_save_hf_checkpoint(fsdp2_strategy_t* strategy, const char* dir,
+                                                 const char* options_json) {
+  FSDP2_API_BEGIN
+  auto s = GetStrategy(strategy);
+  NotNull(dir, "dir");
+  RequireParallelized(*s, "fsdp2_strategy_save_hf_checkpoint");
+  int64_t max_shard_bytes = fsdp2::checkpoint::HfSaveOptions{}.max_shard_bytes;
+  std::optional<at::ScalarType> dtype;
+  if (options_json != nullptr && *options_json != '\0') {
+    nlohmann::json o;
+    try {
+      o = nlohmann::json::parse(options_json);
+    } catch (const nlohmann::json::exception& e) {
+      throw fsdp2::InvalidArgumentError(std::string("save options are not valid JSON: ") + e.what());
+    }
+    if (!o.is_object()) throw fsdp2::InvalidArgumentError("save options must be a JSON object");
+    for (const auto& [key, v] : o.items()) {
+      if (key == "max_shard_size" && v.is_string()) {
+        max_shard_bytes = fsdp2::checkpoint::ParseShardSize(v.get<std::string>());
+      } else if (key == "max_shard_size" && v.is_number_integer() && v.get<int64_t>() > 0) {
+        max_shard_bytes = v.get<int64_t>();
+      } else if (key == "dtype" && v.is_string()) {
+        dtype = fsdp2::c_api::FloatTypeOfName(v.get<std::string>());
+      } else {
+        throw fsdp2::InvalidArgumentError("save option \"" + key + "\" = " + v.dump() +
+                                   ": known are \"max_shard_size\" (\"5GB\", bytes) and "
+                                   "\"dtype\" (\"float32\", \"bfloat16\", \"float16\", "
+                                   "\"float64\")");
+      }
+    }
+  }
+  s->strategy->save_hf_checkpoint(dir, max_shard_bytes, dtype);
   FSDP2_API_END_FILE
 }
 

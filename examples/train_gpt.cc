@@ -35,11 +35,13 @@
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/checkpoint/checkpoint_dir.h"
+#include "core/checkpoint/hf_checkpoint.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/flags/flags.h"
@@ -48,6 +50,7 @@
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt.h"
 #include "core/models/gpt_module.h"
+#include "core/models/llama_module.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/fsdp_controls.h"
@@ -100,6 +103,10 @@ struct Flags {
   int ac_every = 1;                  // with it: every k-th block
   std::string device = "auto";
   std::string init_from;  // the model's weights from this safetensors file
+  std::string data_tokens;  // uint8|uint16|int32: --data is a flat token file
+  std::string hf_model;     // train this Hugging Face checkpoint instead of a GPT
+  std::string save_hf, save_hf_shard_size = "5GB", save_hf_dtype;
+  std::string frozen_params;  // names or globs, comma-separated
 };
 
 const char* kUsage =
@@ -223,6 +230,23 @@ Flags ParseFlags(int argc, char** argv) {
                                 "start from these weights (a safetensors file of full tensors "
                                 "by name, e.g. a PyTorch model's state_dict) instead of a "
                                 "random initialisation");
+    f.data_tokens = parser.String("data-tokens", f.data_tokens,
+                                  "uint8|uint16|int32: --data PATH is a flat file of token ids "
+                                  "of that type (no header), not text");
+    f.hf_model = parser.String("hf-model", f.hf_model,
+                               "DIR: fine-tune this Hugging Face Llama, Mistral or Qwen2 "
+                               "checkpoint (config.json + safetensors) instead of a GPT; "
+                               "each rank loads only its rows");
+    f.save_hf = parser.String("save-hf", f.save_hf,
+                              "DIR: after training, save the --hf-model model there in "
+                              "transformers' layout (from_pretrained loads it)");
+    f.save_hf_shard_size = parser.String("save-hf-shard-size", f.save_hf_shard_size,
+                                         "largest file of --save-hf (5GB, 500MB, 2GiB, bytes)");
+    f.save_hf_dtype = parser.String("save-hf-dtype", f.save_hf_dtype,
+                                    "float32|bfloat16|float16 for --save-hf (default: as trained)");
+    f.frozen_params = parser.String("frozen-params", f.frozen_params,
+                                    "parameters not trained (names or globs, comma-separated: "
+                                    "\"model.embed_tokens.*,model.layers.0.*\")");
     f.ckpt_async = parser.Int("ckpt-async", f.ckpt_async ? 1 : 0,
                               "1: write checkpoints in the background while training goes on") != 0;
     f.max_restarts = parser.Int("max-restarts", f.max_restarts,
@@ -253,6 +277,19 @@ Flags ParseFlags(int argc, char** argv) {
     fsdp::ParseShardingStrategy(f.strategy);
   } catch (const std::exception& e) {
     Fail(std::string("--strategy: ") + e.what());
+  }
+  if (!f.hf_model.empty() && !fs::exists(fs::path(f.hf_model) / "config.json")) {
+    Fail("--hf-model " + f.hf_model + ": has no config.json (a Hugging Face checkpoint "
+         "directory, as save_pretrained writes it)");
+  }
+  if (!f.save_hf.empty() && f.hf_model.empty()) Fail("--save-hf needs --hf-model");
+  if (!f.save_hf_dtype.empty() && f.save_hf_dtype != "float32" && f.save_hf_dtype != "bfloat16" &&
+      f.save_hf_dtype != "float16") {
+    Fail("--save-hf-dtype must be float32, bfloat16 or float16, got '" + f.save_hf_dtype + "'");
+  }
+  if (!f.data_tokens.empty() && f.data_tokens != "uint8" && f.data_tokens != "uint16" &&
+      f.data_tokens != "int32") {
+    Fail("--data-tokens must be uint8, uint16 or int32, got '" + f.data_tokens + "'");
   }
   if (f.data != "synthetic" && f.data != "pystdlib") {
     if (!fs::exists(f.data)) Fail("--data " + f.data + ": no such file");
@@ -346,6 +383,14 @@ at::Tensor LoadTokens(const Flags& f) {
     }
     std::ifstream in(f.data, std::ios::binary);
     text.assign(std::istreambuf_iterator<char>(in), {});
+    if (!f.data_tokens.empty()) {
+      const at::ScalarType type = f.data_tokens == "uint8"    ? at::kByte
+                                  : f.data_tokens == "uint16" ? at::kUInt16
+                                                              : at::kInt;
+      const int64_t n = static_cast<int64_t>(text.size()) / c10::elementSize(type);
+      if (n < f.block_size + 2) throw std::runtime_error("--data " + f.data + ": too short");
+      return at::from_blob(text.data(), {n}, type).to(at::kLong);
+    }
   }
   if (static_cast<int64_t>(text.size()) < f.block_size + 2) {
     throw std::runtime_error("--data " + f.data + ": too short for --block-size");
@@ -434,6 +479,7 @@ int RunRank(const Flags& f) {
       strategy::ParsePrefetchModules(f.forward_prefetch_modules, "--forward-prefetch-modules");
   options.backward_prefetch_modules =
       strategy::ParsePrefetchModules(f.backward_prefetch_modules, "--backward-prefetch-modules");
+  options.frozen_params = strategy::SplitNames(f.frozen_params);
   options.timeout = std::chrono::seconds(f.timeout_s);
   strategy::FSDP2Strategy strategy(options);
   strategy.setup_environment();
@@ -443,14 +489,33 @@ int RunRank(const Flags& f) {
 
   at::Tensor tokens = LoadTokens(f);
   models::GPTConfig config;
-  config.vocab_size = tokens.defined() ? 256 : f.vocab_size;
+  config.vocab_size = tokens.defined() && f.data_tokens.empty() ? 256 : f.vocab_size;
   config.block_size = f.block_size;
   config.n_layer = f.n_layer;
   config.n_head = f.n_head;
   config.n_embd = f.n_embd;
   config.Validate();
   // Seeded alike on every rank.
-  auto module = std::make_shared<models::GPTModule>(config, models::GPT2AdamW(f.lr));
+  std::shared_ptr<strategy::TrainingModule> module;
+  if (f.hf_model.empty()) {
+    module = std::make_shared<models::GPTModule>(config, models::GPT2AdamW(f.lr));
+  } else {
+    // Built deferred where it can be (CPU, no tensor parallelism): no rank
+    // ever holds the whole model; parallelize() loads each rank's rows.
+    std::optional<fsdp::DeferredInitGuard> deferred;
+    if (strategy.device().is_cpu() && f.tensor_parallel == 1) {
+      deferred.emplace(strategy.tensor_init_context());
+    }
+    auto llama = models::LlamaModule::FromPretrained(f.hf_model, models::GPT2AdamW(f.lr));
+    deferred.reset();
+    config.vocab_size = llama->config().vocab_size;
+    config.n_layer = llama->config().num_hidden_layers;
+    module = llama;
+  }
+  if (tokens.defined() && tokens.max().item<int64_t>() >= config.vocab_size) {
+    throw std::runtime_error("--data " + f.data + " has token ids beyond the model's "
+                             "vocabulary (" + std::to_string(config.vocab_size) + ")");
+  }
   strategy.connect(module);
   strategy.parallelize();
   if (!f.init_from.empty()) strategy.load_model_state_dict(f.init_from);
@@ -536,7 +601,14 @@ int RunRank(const Flags& f) {
   strategy::Trainer trainer(strategy, trainer_options);
 
   if (rank == 0) {
-    std::printf("model: %s\n", config.ToString().c_str());
+    if (f.hf_model.empty()) {
+      std::printf("model: %s\n", config.ToString().c_str());
+    } else {
+      std::printf("model: %s (%s, %lld layers, vocabulary %lld)%s%s\n", f.hf_model.c_str(),
+                  static_cast<models::LlamaModule&>(*module).config().model_type.c_str(),
+                  (long long)config.n_layer, (long long)config.vocab_size,
+                  f.frozen_params.empty() ? "" : "; frozen: ", f.frozen_params.c_str());
+    }
     std::printf("data: %s (%lld training windows of %lld tokens); %d ranks x %lld "
                 "sequences x %d micro-batches; %s on %s; %s\n",
                 tokens.defined() ? f.data.c_str() : "synthetic",
@@ -556,6 +628,15 @@ int RunRank(const Flags& f) {
     std::fflush(stdout);
   }
   trainer.fit(train, &val);
+  if (!f.save_hf.empty()) {
+    std::optional<at::ScalarType> dtype;
+    if (f.save_hf_dtype == "bfloat16") dtype = at::kBFloat16;
+    if (f.save_hf_dtype == "float16") dtype = at::kHalf;
+    if (f.save_hf_dtype == "float32") dtype = at::kFloat;
+    strategy.save_hf_checkpoint(f.save_hf, checkpoint::ParseShardSize(f.save_hf_shard_size),
+                                dtype);
+    if (rank == 0) std::printf("saved %s (Hugging Face layout)\n", f.save_hf.c_str());
+  }
   auto stats = fsdp::memory_stats(*module->module());
   std::string sent;  // e.g. "shm 1.20 MiB, gloo 0.31 MiB"
   for (const auto& [transport, bytes] : comm::BytesSentByTransport()) {

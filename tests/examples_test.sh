@@ -4,6 +4,7 @@
 # exit, never a hang.
 set -uo pipefail
 train="$1"
+hf_reference="$2"  # tests/hf/hf_reference.py, run with $FSDP2_PYTHON (transformers)
 tmp="${TEST_TMPDIR:-/tmp}"
 fail=0
 # As on users' machines, which set neither.
@@ -209,6 +210,33 @@ if [[ "$(cat "$tmp/foreign/notes.txt")" != "notes" ]]; then echo "FAIL: a foreig
 expect_error "--activation-checkpointing must be 0 or 1" --activation-checkpointing 2
 expect_error "--ac-every needs --activation-checkpointing 1" --ac-every 2
 expect_error "--ac-every must be at least 1" --activation-checkpointing 1 --ac-every 0
+
+expect_error "has no config.json" --hf-model "$tmp"
+expect_error "--save-hf needs --hf-model" --save-hf "$tmp/hf_nowhere"
+expect_error "--data-tokens must be uint8, uint16 or int32" --data-tokens int64
+
+# A Hugging Face checkpoint made by transformers (--hf-model, Qwen2 with
+# tied embeddings) trains alike on 1 and 2 ranks with a layer frozen, and
+# --save-hf writes it back in bfloat16 in transformers' layout.
+if "$FSDP2_PYTHON" "$hf_reference" prepare "$tmp/hf" >"$tmp/hf_prepare.log" 2>&1; then
+  hf=(--hf-model "$tmp/hf/qwen2" --data synthetic --steps 3 --block-size 16 --threads 1
+      --frozen-params "model.layers.0.*" --val-every 0)
+  h1=$(run --nproc 1 --batch-size 4 "${hf[@]}" --out-dir "$tmp/hf1") || { echo "FAIL: --hf-model on 1 rank"; echo "$h1"; fail=1; }
+  h2=$(run --nproc 2 --batch-size 2 "${hf[@]}" --out-dir "$tmp/hf2" --save-hf "$tmp/hf_saved" \
+       --save-hf-dtype bfloat16) || { echo "FAIL: --hf-model on 2 ranks"; echo "$h2"; fail=1; }
+  echo "$h2"
+  k1=$(echo "$h1" | losses); k2=$(echo "$h2" | losses)
+  if [[ $(echo "$k1" | wc -l) -ne 3 || "$k1" != "$k2" ]]; then
+    echo "FAIL: --hf-model losses differ between 1 and 2 ranks:"; paste <(echo "$k1") <(echo "$k2"); fail=1
+  fi
+  grep -q "model: .*qwen2 (qwen2, 3 layers, vocabulary 96); frozen: model.layers.0" <<<"$h2" || {
+    echo "FAIL: no model line for --hf-model"; fail=1; }
+  if [[ ! -f "$tmp/hf_saved/model.safetensors" ]] || ! grep -q '"dtype": "bfloat16"' "$tmp/hf_saved/config.json"; then
+    echo "FAIL: --save-hf did not write a bfloat16 model.safetensors and config.json"; fail=1
+  fi
+else
+  echo "FAIL: hf_reference.py prepare"; cat "$tmp/hf_prepare.log"; fail=1
+fi
 
 if [[ $fail -ne 0 ]]; then exit 1; fi
 echo "examples_test: all checks passed"

@@ -101,6 +101,12 @@ FSDP2_SCENARIO(hf_run) {
     if (!p.value().requires_grad()) frozen_params.emplace_back(p.value(), p.value().clone());
   }
   if (frozen.empty() != frozen_params.empty()) throw std::runtime_error("frozen_params not applied");
+  int64_t trained_bytes = 0, shard_bytes = 0;
+  for (const auto& p : m->module()->parameters()) {
+    shard_bytes += p.numel() * p.element_size();
+    if (p.requires_grad()) trained_bytes += p.numel() * p.element_size();
+  }
+  int64_t grad_bytes = -1, optimizer_bytes = -1;
   const SafetensorsFile data(data_path);
   const at::Tensor eval = data.load("eval");
   at::Tensor before;
@@ -119,7 +125,9 @@ FSDP2_SCENARIO(hf_run) {
     for (const auto& f : frozen_params) {
       if (f.first.grad().defined()) throw std::runtime_error("a frozen parameter got a gradient");
     }
+    grad_bytes = s.memory_stats().sharded_grad_bytes;
     s.optimizer_step();
+    optimizer_bytes = s.memory_stats().optimizer_state_bytes;
     losses.push_back(s.reduce(loss).item<double>());
   }
   for (const auto& f : frozen_params) {
@@ -139,7 +147,13 @@ FSDP2_SCENARIO(hf_run) {
   if (rank == 0) {
     checkpoint::WriteSafetensors(
         WorkerOutDir() + "/result.safetensors",
-        {{"logits", before}, {"after", after}, {"losses", at::tensor(losses, at::kDouble)}});
+        {{"logits", before},
+         {"after", after},
+         {"losses", at::tensor(losses, at::kDouble)},
+         // This rank's bytes: shards, trained shards, their gradients after
+         // a backward, the optimizer's state.
+         {"memory", at::tensor(std::vector<int64_t>{shard_bytes, trained_bytes, grad_bytes,
+                                                    optimizer_bytes})}});
   }
 }
 
@@ -261,6 +275,20 @@ class HfLlama : public ::testing::Test {
     EXPECT_LE(RelDiff(got.load("after"), want.load("after")), 1e-4) << what << ": trained logits";
   }
 
+  // Memory statistics show what freezing saves: gradients and AdamW's
+  // state (two tensors a parameter) only for the trained shards.
+  static void ExpectFrozenMemory(const std::string& result, const std::string& what) {
+    if (!fs::exists(result)) return;
+    const at::Tensor m = SafetensorsFile(result).load("memory");
+    const int64_t shards = m[0].item<int64_t>(), trained = m[1].item<int64_t>();
+    std::printf("%-40s shards %lld B, trained %lld B, gradients %lld B, AdamW state %lld B\n",
+                what.c_str(), (long long)shards, (long long)trained,
+                (long long)m[2].item<int64_t>(), (long long)m[3].item<int64_t>());
+    EXPECT_LT(trained, shards) << what;
+    EXPECT_EQ(m[2].item<int64_t>(), trained) << what << ": gradient bytes";
+    EXPECT_EQ(m[3].item<int64_t>(), 2 * trained) << what << ": optimizer state bytes";
+  }
+
   static std::string* dir_;
   static bool prepared_;
 };
@@ -312,8 +340,10 @@ TEST_F(HfLlama, FrozenParametersTrainLikeTransformers) {
       Run r;
       r.world = world;
       r.frozen = kFrozen;
-      ExpectEqual(Launch(Dir(name), r), Dir(name + ".frozen.ref.safetensors"),
-                  name + " frozen on " + std::to_string(world) + " rank(s)");
+      const std::string what = name + " frozen on " + std::to_string(world) + " rank(s)";
+      const std::string result = Launch(Dir(name), r);
+      ExpectEqual(result, Dir(name + ".frozen.ref.safetensors"), what);
+      ExpectFrozenMemory(result, what);
     }
   }
   Run sgo;

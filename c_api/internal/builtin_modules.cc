@@ -6,14 +6,19 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "core/common/error.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/models/gpt_module.h"
+#include "core/models/hf_config.h"
+#include "core/models/llama_module.h"
 #include "core/models/mlp_module.h"
 #include "core/script/script_model.h"
+#include "core/strategy/hf_model.h"
 #include "core/strategy/optimizer.h"
+#include "c_api/internal/tensors.h"
 
 namespace fsdp2 {
 namespace c_api {
@@ -61,6 +66,23 @@ void ReadSizes(const nlohmann::json& config, const std::string& family,
   }
 }
 
+// Token ids: a 2-D integer tensor [B, T] of ids below `vocab_size`.
+void CheckTokenIds(const at::Tensor& t, const char* name, int64_t vocab_size) {
+  if (t.dim() != 2 || !IsInteger(t)) {
+    throw ShapeError(std::string(name) + " must be a 2-D integer tensor [B, T], got " +
+                     ShapeString(t));
+  }
+  if (t.numel() > 0) {
+    const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+    if (lo < 0 || hi >= vocab_size) {
+      throw InvalidArgumentError(std::string(name) + " hold token " +
+                                 std::to_string(lo < 0 ? lo : hi) +
+                                 ", outside the vocabulary [0, " + std::to_string(vocab_size) +
+                                 ")");
+    }
+  }
+}
+
 // The GPT family: core/models' GPTModule, with the batch checked first and
 // predictions that are logits [B, T, vocab] rather than next tokens.
 class GPTFamily : public BuiltinModule {
@@ -99,26 +121,57 @@ class GPTFamily : public BuiltinModule {
   const models::GPTConfig& config() const { return core_->gpt()->config(); }
   void CheckTokens(const at::Tensor& t, const char* name) const {
     const auto& c = config();
-    if (t.dim() != 2 || !IsInteger(t)) {
-      throw ShapeError(std::string(name) + " must be a 2-D integer tensor [B, T], got " +
-                       ShapeString(t));
-    }
+    CheckTokenIds(t, name, c.vocab_size);
     if (t.size(1) < 1 || t.size(1) > c.block_size) {
       throw ShapeError(std::string(name) + " has " + std::to_string(t.size(1)) +
                        " tokens per row; the model takes 1 to block_size = " +
                        std::to_string(c.block_size));
     }
-    if (t.numel() > 0) {
-      const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
-      if (lo < 0 || hi >= c.vocab_size) {
-        throw InvalidArgumentError(std::string(name) + " hold token " +
-                                   std::to_string(lo < 0 ? lo : hi) +
-                                   ", outside the vocabulary [0, " +
-                                   std::to_string(c.vocab_size) + ")");
-      }
-    }
   }
   std::shared_ptr<models::GPTModule> core_;
+};
+
+// The Hugging Face family: a Llama, Mistral or Qwen2 checkpoint through
+// core/models' LlamaModule, whose weights FSDP2Strategy::parallelize()
+// loads (HfModel).
+class HfFamily : public BuiltinModule, public strategy::HfModel {
+ public:
+  explicit HfFamily(std::shared_ptr<models::LlamaModule> core) : core_(std::move(core)) {}
+  std::shared_ptr<torch::nn::Module> module() override { return core_->module(); }
+  std::string family() const override { return "hf"; }
+  std::string hf_weights_path() const override { return core_->hf_weights_path(); }
+  std::string hf_config_json(at::ScalarType dtype) const override {
+    return core_->hf_config_json(dtype);
+  }
+
+  void CheckBatch(const Batch& batch) override {
+    RequireTensors(batch, 2, "{tokens [B,T], targets [B,T]}");
+    CheckTokenIds(batch[0], "tokens", vocab_size());
+    CheckTokenIds(batch[1], "targets", vocab_size());
+    if (!batch[0].sizes().equals(batch[1].sizes())) {
+      throw ShapeError("targets " + ShapeString(batch[1]) +
+                       " must have the shape of tokens " + ShapeString(batch[0]));
+    }
+  }
+  std::vector<int64_t> PredictShape(const Batch& batch) override {
+    RequireTensors(batch, 1, "{tokens [B,T]}");
+    CheckTokenIds(batch[0], "tokens", vocab_size());
+    return {batch[0].size(0), batch[0].size(1), vocab_size()};
+  }
+
+ protected:
+  at::Tensor Loss(const Batch& batch) override {
+    CheckBatch(batch);
+    return core_->loss(batch);
+  }
+  at::Tensor Predict(const Batch& batch) override {
+    PredictShape(batch);
+    return core_->logits(batch[0]);
+  }
+
+ private:
+  int64_t vocab_size() const { return core_->config().vocab_size; }
+  std::shared_ptr<models::LlamaModule> core_;
 };
 
 // The MLP family: core/models' MLPModule, with the batch (inputs and
@@ -309,7 +362,16 @@ std::unique_ptr<torch::optim::Optimizer> BuiltinModule::configure_optimizers() {
   options.eps = o.eps;
   options.weight_decay = o.weight_decay;
   options.momentum = o.momentum;
-  return strategy::MakeOptimizer(module()->parameters(), options);
+  // Frozen parameters (frozen_params) get no optimizer state.
+  std::vector<at::Tensor> trained;
+  for (const at::Tensor& p : module()->parameters()) {
+    if (p.requires_grad()) trained.push_back(p);
+  }
+  if (trained.empty()) {
+    throw InvalidArgumentError("every parameter of the model is frozen (frozen_params): nothing "
+                               "to train");
+  }
+  return strategy::MakeOptimizer(trained, options);
 }
 
 at::Tensor BuiltinModule::predict_step(const strategy::Batch& batch, int64_t) {
@@ -326,7 +388,8 @@ std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& text) {
   }
   if (!config.is_object() || !config.contains("family") || !config["family"].is_string()) {
     throw InvalidArgumentError(
-        "model configuration must be a JSON object with \"family\": \"gpt\" or \"mlp\"");
+        "model configuration must be a JSON object with \"family\": \"gpt\", \"mlp\" or "
+        "\"hf\"");
   }
   const std::string family = config["family"].get<std::string>();
   if (family == "gpt") {
@@ -359,8 +422,29 @@ std::shared_ptr<BuiltinModule> CreateBuiltinModule(const std::string& text) {
                {"depth", &c.depth}});
     return std::make_shared<MLPFamily>(c);
   }
+  if (family == "hf") {
+    std::string path;
+    std::optional<at::ScalarType> dtype;
+    for (const auto& [key, value] : config.items()) {
+      if (key == "family") continue;
+      if (key == "path" && value.is_string()) {
+        path = value.get<std::string>();
+      } else if (key == "dtype" && value.is_string()) {
+        dtype = FloatTypeOfName(value.get<std::string>());
+      } else {
+        throw InvalidArgumentError("model \"hf\": \"" + key + "\" = " + value.dump() +
+                                   " (known: family, path: the checkpoint directory, dtype: "
+                                   "\"float32\", \"bfloat16\", \"float16\", \"float64\")");
+      }
+    }
+    if (path.empty()) {
+      throw InvalidArgumentError("model \"hf\" needs \"path\": the checkpoint's directory");
+    }
+    return std::make_shared<HfFamily>(
+        models::LlamaModule::FromPretrained(path, strategy::OptimizerOptions{}, dtype));
+  }
   throw InvalidArgumentError("unknown model family \"" + family +
-                              "\" (known: gpt, mlp; TorchScript files load with "
+                              "\" (known: gpt, mlp, hf; TorchScript files load with "
                               "fsdp2_model_load_torchscript)");
 }
 

@@ -139,6 +139,7 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
           "ignored_params_all_reduce must be 0 or 1, got " +
               std::to_string(o.ignored_params_all_reduce));
   out.ignored_params_all_reduce = o.ignored_params_all_reduce == 1;
+  if (o.frozen_params != nullptr) out.frozen_params = strategy::SplitNames(o.frozen_params);
   if (o.forward_prefetch_modules != nullptr) {
     out.forward_prefetch_modules =
         strategy::ParsePrefetchModules(o.forward_prefetch_modules, "forward_prefetch_modules");
@@ -240,6 +241,7 @@ void fsdp2_strategy_options_init(fsdp2_strategy_options_t* o) {
   o->ignored_params_all_reduce = 0;
   o->forward_prefetch_modules = nullptr;
   o->backward_prefetch_modules = nullptr;
+  o->frozen_params = nullptr;
 }
 
 void fsdp2_optimizer_options_init(fsdp2_optimizer_options_t* o) {

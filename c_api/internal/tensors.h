@@ -22,6 +22,9 @@ namespace c_api {
 
 // FSDP2_DTYPE_* <-> at::ScalarType (UINT16 has no tensor type).
 at::ScalarType ToScalarType(int32_t dtype);
+// "float32", "bfloat16", "float16" or "float64" (as JSON options name a
+// floating-point dtype); InvalidArgumentError otherwise.
+at::ScalarType FloatTypeOfName(const std::string& name);
 int32_t FromScalarType(at::ScalarType type);
 
 // "[2, 3] dtype 1": a buffer's shape and dtype for messages.

@@ -312,7 +312,7 @@ class FSDP2Strategy {
   // and their index, or one model.safetensors; config.json), in `dtype`
   // or the parameters' own, atomically; `from_pretrained(dir)` loads it.
   // The module must be an HfModel (it gives config.json):
-  // FailedPreconditionError otherwise. Collective.
+  // InvalidArgumentError otherwise. Collective.
   void save_hf_checkpoint(const std::string& dir, int64_t max_shard_bytes = 5'000'000'000,
                           std::optional<at::ScalarType> dtype = std::nullopt);
 

@@ -50,7 +50,7 @@ void FSDP2Strategy::save_hf_checkpoint(const std::string& dir, int64_t max_shard
   require(true, true, "save_hf_checkpoint");
   const auto* hf = dynamic_cast<const HfModel*>(module_.get());
   if (hf == nullptr) {
-    throw FailedPreconditionError(
+    throw InvalidArgumentError(
         "FSDP2Strategy::save_hf_checkpoint: the module is not a Hugging Face model (an "
         "HfModel, such as models::LlamaModule): there is no config.json to save with it; "
         "use save_checkpoint");

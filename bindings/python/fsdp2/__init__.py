@@ -258,6 +258,21 @@ class Model(_Handle):
         return cls.from_config(dict(family="mlp", **sizes))
 
     @classmethod
+    def from_hf(cls, path, dtype=None):
+        """A Hugging Face Llama, Mistral or Qwen2 checkpoint directory
+        (config.json and model.safetensors, or shards with
+        model.safetensors.index.json, as save_pretrained writes them). The
+        weights load in parallelize(), each rank reading only its rows;
+        inside tensor_init_context() no rank ever holds the whole model.
+        Parameters are float32 unless `dtype` ("bfloat16", "float16",
+        "float64") says otherwise. Batch and predictions as for gpt();
+        save with FSDP2Strategy.save_hf()."""
+        config = {"family": "hf", "path": os.fspath(path)}
+        if dtype is not None:
+            config["dtype"] = dtype
+        return cls.from_config(config)
+
+    @classmethod
     def from_torchscript(cls, path, loss="mse", auto_wrap=None):
         """A TorchScript file (torch.jit.save), trained block by block.
 
@@ -351,7 +366,10 @@ class FSDP2Strategy(_Handle):
     block's module name to the blocks it all-gathers when its pass reaches
     it, in place of the depth, e.g. {"blocks.0": ["blocks.1", "blocks.2"]};
     "" is the root; each listed block holds its parameters from then on to
-    its own turn). Unknown options raise InvalidArgumentError with the
+    its own turn), and frozen_params (names or glob patterns, as
+    ignored_params: parameters not trained at all, with no gradient, no
+    reduction and no optimizer state). Unknown options raise
+    InvalidArgumentError with the
     library's message; names the model does not have raise it from
     parallelize().
     """
@@ -485,6 +503,16 @@ class FSDP2Strategy(_Handle):
         flags = _c.FSDP2_SAVE_ASYNC if asynchronous else 0
         _c.fsdp2_strategy_save_checkpoint_ex(self.handle, os.fspath(path), flags)
 
+    def save_hf(self, path, max_shard_size="5GB", dtype=None):
+        """Collective. Writes a Model.from_hf() model back as transformers'
+        save_pretrained does (config.json; model.safetensors, or shards of
+        at most max_shard_size with their index), in `dtype` ("bfloat16",
+        ...) or the parameters' own: from_pretrained(path) loads it."""
+        options = {"max_shard_size": max_shard_size}
+        if dtype is not None:
+            options["dtype"] = dtype
+        _c.fsdp2_strategy_save_hf_checkpoint(self.handle, os.fspath(path), json.dumps(options))
+
     def wait_for_checkpoint(self):
         """Waits for this rank's background save; raises its error."""
         _c.fsdp2_strategy_wait_for_checkpoint(self.handle)
@@ -544,7 +572,8 @@ class FSDP2Strategy(_Handle):
 
     def load_model_state_dict(self, state):
         """`state`: {name: array}, or the path of a safetensors file (a
-        PyTorch state_dict() saved as safetensors, or a full checkpoint)."""
+        PyTorch state_dict() saved as safetensors, or a full checkpoint) or
+        of a Hugging Face checkpoint directory (read row by row)."""
         if isinstance(state, (str, os.PathLike)):
             _c.fsdp2_strategy_load_model_state_dict_file(self.handle, os.fspath(state))
             return

@@ -132,6 +132,14 @@ public final class FSDP2Strategy extends Handle {
     }
 
     /**
+     * Parameters not trained at all (names or glob patterns, as for
+     * ignoredParams): no gradient, no reduction, no optimizer state.
+     */
+    public Builder frozenParams(String... patterns) {
+      return set("frozen_params", java.util.Arrays.asList(patterns));
+    }
+
+    /**
      * When unit's forward begins, all-gather the listed units too, in place of
      * the forward prefetch depth for it (module names; "" is the root). Call
      * once per unit.
@@ -392,6 +400,19 @@ public final class FSDP2Strategy extends Handle {
    */
   public void saveCheckpoint(String path, boolean async) {
     Fsdp2Native.fsdp2_strategy_save_checkpoint_ex(handle(), path, async ? 1L : 0L);
+  }
+
+  /**
+   * Collective: writes a {@code Model.fromHf} model as transformers'
+   * save_pretrained does (config.json; model.safetensors, or shards of at
+   * most {@code maxShardSize}, e.g. "5GB", with their index), in {@code
+   * dtype} ("bfloat16", ...; null: the parameters' own).
+   */
+  public void saveHf(String path, String maxShardSize, String dtype) {
+    Map<String, Object> options = new java.util.LinkedHashMap<>();
+    options.put("max_shard_size", maxShardSize);
+    if (dtype != null) options.put("dtype", dtype);
+    Fsdp2Native.fsdp2_strategy_save_hf_checkpoint(handle(), path, Native.jsonObject(options));
   }
 
   /** Waits for this rank's background save; throws its error. */

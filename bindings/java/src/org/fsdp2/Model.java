@@ -35,6 +35,28 @@ public final class Model extends Handle {
     return new Model(out[0]);
   }
 
+  /**
+   * A Hugging Face Llama, Mistral or Qwen2 checkpoint directory (config.json
+   * and model.safetensors, or shards with model.safetensors.index.json). Its
+   * weights load in {@code parallelize()}, each rank reading only its rows;
+   * built inside {@code tensorInitContext()} no rank ever holds the whole
+   * model. Parameters are float32 unless {@code dtype} ("bfloat16",
+   * "float16", "float64"; null: float32) says otherwise. Batch and
+   * predictions as for {@link #gpt}; save with {@code FSDP2Strategy.saveHf}.
+   */
+  public static Model fromHf(String path, String dtype) {
+    Map<String, Object> config = new LinkedHashMap<>();
+    config.put("family", "hf");
+    config.put("path", path);
+    if (dtype != null) config.put("dtype", dtype);
+    return fromConfig(Native.jsonObject(config));
+  }
+
+  /** {@link #fromHf(String, String)} in float32. */
+  public static Model fromHf(String path) {
+    return fromHf(path, null);
+  }
+
   /** The GPT with the given sizes (vocab_size, block_size, n_layer, n_head, n_embd; dropout). */
   public static Model gpt(Map<String, Object> sizes) {
     Map<String, Object> config = new LinkedHashMap<>();
