@@ -61,7 +61,10 @@ fi
 # PyPI wheel is the CUDA 13.0 build and brings its CUDA, cuDNN and NCCL
 # 2.28.9 libraries and headers as nvidia-* wheels (about 3 GB, once per
 # machine). The marker file records what was installed: a second run with the
-# same requirements does nothing.
+# same requirements does nothing. transformers (5.24.0, with huggingface-hub
+# and tokenizers, about 20 MB) is what the Hugging Face checkpoint tests
+# compare fsdp2 with (tests/hf/hf_reference.py); the training processes never
+# import it.
 VENV=${FSDP2_VENV:-/opt/fsdp2/venv}
 REQUIREMENTS=(torch==2.11.0 numpy pytest safetensors transformers==5.24.0)
 marker="$VENV/.fsdp2-requirements"

@@ -83,15 +83,11 @@ void CheckTokenIds(const at::Tensor& t, const char* name, int64_t vocab_size) {
   }
 }
 
-// The GPT family: core/models' GPTModule, with the batch checked first and
-// predictions that are logits [B, T, vocab] rather than next tokens.
-class GPTFamily : public BuiltinModule {
+// A next-token language model: batch {tokens [B,T], targets [B,T]} of
+// token ids, prediction logits [B,T,vocab_size]; the batch is checked
+// before any collective runs.
+class TokenModelFamily : public BuiltinModule {
  public:
-  explicit GPTFamily(const models::GPTConfig& config)
-      : core_(std::make_shared<models::GPTModule>(config)) {}
-  std::shared_ptr<torch::nn::Module> module() override { return core_->module(); }
-  std::string family() const override { return "gpt"; }
-
   void CheckBatch(const Batch& batch) override {
     RequireTensors(batch, 2, "{tokens [B,T], targets [B,T]}");
     CheckTokens(batch[0], "tokens");
@@ -104,37 +100,58 @@ class GPTFamily : public BuiltinModule {
   std::vector<int64_t> PredictShape(const Batch& batch) override {
     RequireTensors(batch, 1, "{tokens [B,T]}");
     CheckTokens(batch[0], "tokens");
-    return {batch[0].size(0), batch[0].size(1), config().vocab_size};
+    return {batch[0].size(0), batch[0].size(1), vocab_size()};
   }
 
  protected:
   at::Tensor Loss(const Batch& batch) override {
     CheckBatch(batch);
-    return core_->loss(batch);
+    return CoreLoss(batch);
   }
   at::Tensor Predict(const Batch& batch) override {
     PredictShape(batch);
-    return core_->logits(batch[0]);
+    return CoreLogits(batch[0]);
   }
+  virtual int64_t vocab_size() const = 0;
+  // Throws unless `t` holds token ids the model takes.
+  virtual void CheckTokens(const at::Tensor& t, const char* name) const {
+    CheckTokenIds(t, name, vocab_size());
+  }
+  virtual at::Tensor CoreLoss(const Batch& batch) = 0;
+  virtual at::Tensor CoreLogits(const at::Tensor& tokens) = 0;
+};
 
- private:
-  const models::GPTConfig& config() const { return core_->gpt()->config(); }
-  void CheckTokens(const at::Tensor& t, const char* name) const {
-    const auto& c = config();
-    CheckTokenIds(t, name, c.vocab_size);
-    if (t.size(1) < 1 || t.size(1) > c.block_size) {
+// The GPT family: core/models' GPTModule, predicting logits [B, T, vocab]
+// rather than next tokens.
+class GPTFamily : public TokenModelFamily {
+ public:
+  explicit GPTFamily(const models::GPTConfig& config)
+      : core_(std::make_shared<models::GPTModule>(config)) {}
+  std::shared_ptr<torch::nn::Module> module() override { return core_->module(); }
+  std::string family() const override { return "gpt"; }
+
+ protected:
+  int64_t vocab_size() const override { return core_->gpt()->config().vocab_size; }
+  void CheckTokens(const at::Tensor& t, const char* name) const override {
+    TokenModelFamily::CheckTokens(t, name);
+    const int64_t block_size = core_->gpt()->config().block_size;
+    if (t.size(1) < 1 || t.size(1) > block_size) {
       throw ShapeError(std::string(name) + " has " + std::to_string(t.size(1)) +
                        " tokens per row; the model takes 1 to block_size = " +
-                       std::to_string(c.block_size));
+                       std::to_string(block_size));
     }
   }
+  at::Tensor CoreLoss(const Batch& batch) override { return core_->loss(batch); }
+  at::Tensor CoreLogits(const at::Tensor& tokens) override { return core_->logits(tokens); }
+
+ private:
   std::shared_ptr<models::GPTModule> core_;
 };
 
 // The Hugging Face family: a Llama, Mistral or Qwen2 checkpoint through
 // core/models' LlamaModule, whose weights FSDP2Strategy::parallelize()
 // loads (HfModel).
-class HfFamily : public BuiltinModule, public strategy::HfModel {
+class HfFamily : public TokenModelFamily, public strategy::HfModel {
  public:
   explicit HfFamily(std::shared_ptr<models::LlamaModule> core) : core_(std::move(core)) {}
   std::shared_ptr<torch::nn::Module> module() override { return core_->module(); }
@@ -144,33 +161,12 @@ class HfFamily : public BuiltinModule, public strategy::HfModel {
     return core_->hf_config_json(dtype);
   }
 
-  void CheckBatch(const Batch& batch) override {
-    RequireTensors(batch, 2, "{tokens [B,T], targets [B,T]}");
-    CheckTokenIds(batch[0], "tokens", vocab_size());
-    CheckTokenIds(batch[1], "targets", vocab_size());
-    if (!batch[0].sizes().equals(batch[1].sizes())) {
-      throw ShapeError("targets " + ShapeString(batch[1]) +
-                       " must have the shape of tokens " + ShapeString(batch[0]));
-    }
-  }
-  std::vector<int64_t> PredictShape(const Batch& batch) override {
-    RequireTensors(batch, 1, "{tokens [B,T]}");
-    CheckTokenIds(batch[0], "tokens", vocab_size());
-    return {batch[0].size(0), batch[0].size(1), vocab_size()};
-  }
-
  protected:
-  at::Tensor Loss(const Batch& batch) override {
-    CheckBatch(batch);
-    return core_->loss(batch);
-  }
-  at::Tensor Predict(const Batch& batch) override {
-    PredictShape(batch);
-    return core_->logits(batch[0]);
-  }
+  int64_t vocab_size() const override { return core_->config().vocab_size; }
+  at::Tensor CoreLoss(const Batch& batch) override { return core_->loss(batch); }
+  at::Tensor CoreLogits(const at::Tensor& tokens) override { return core_->logits(tokens); }
 
  private:
-  int64_t vocab_size() const { return core_->config().vocab_size; }
   std::shared_ptr<models::LlamaModule> core_;
 };
 

@@ -12,8 +12,8 @@ processes as possible (importing transformers takes seconds):
 
 Cases: llama (Llama 3 rotary scaling, every bias, head_dim * heads !=
 hidden_size, nine shards), mistral (one key/value head, sliding window 4 <
-the sequence), qwen2 (tied embeddings, q/k/v biases), llama_bf16 (the llama
-stored in bfloat16, one file). Every parameter is redrawn after
+the sequence), qwen2 (tied embeddings, q/k/v biases), llama_bf16 and
+llama_fp16 (the llama stored in bfloat16 / float16, one file). Every parameter is redrawn after
 transformers' init, which leaves biases 0 and norms 1 and would hide their
 misuse.
 """
@@ -56,14 +56,15 @@ def config(family):
     raise SystemExit(f"unknown family {family}")
 
 
-CASES = {"llama": ("llama", False, "40KB"), "mistral": ("mistral", False, None),
-         "qwen2": ("qwen2", False, None), "llama_bf16": ("llama", True, None)}
+CASES = {"llama": ("llama", None, "40KB"), "mistral": ("mistral", None, None),
+         "qwen2": ("qwen2", None, None), "llama_bf16": ("llama", torch.bfloat16, None),
+         "llama_fp16": ("llama", torch.float16, None)}
 # Half of the layers, the embedding (with it Qwen2's tied head) and the norms.
 FROZEN = "model.embed_tokens.*,model.layers.0.*,*norm*"
 FROZEN_CASES = ("llama", "qwen2")
 
 
-def make(path, family, bf16, max_shard_size):
+def make(path, family, dtype, max_shard_size):
     import transformers as tf
 
     torch.manual_seed(0)
@@ -74,8 +75,8 @@ def make(path, family, bf16, max_shard_size):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0, 0.05)
-    if bf16:
-        model = model.to(torch.bfloat16)
+    if dtype is not None:
+        model = model.to(dtype)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)
 
@@ -153,9 +154,9 @@ def prepare(args):
     os.makedirs(args.out, exist_ok=True)
     data_path = os.path.join(args.out, "data.safetensors")
     data(data_path)
-    for case, (family, bf16, shard) in CASES.items():
+    for case, (family, dtype, shard) in CASES.items():
         path = os.path.join(args.out, case)
-        make(path, family, bf16, shard)
+        make(path, family, dtype, shard)
         reference(path, data_path, path + ".ref.safetensors", "")
         if case in FROZEN_CASES:
             reference(path, data_path, path + ".frozen.ref.safetensors", FROZEN)
