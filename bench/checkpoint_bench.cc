@@ -15,7 +15,10 @@
 //   - the same for the full format: rank 0 alone writes a plain file of the
 //     full checkpoint's size (one writer, as rank 0 gathers and writes), a
 //     full save, rank 0 reads its file back, and a full load (all ranks
-//     read their rows of the one file, after rank 0 has checked it).
+//     read their rows of the one file, after rank 0 has checked it);
+//   - the parameters alone in Hugging Face's layout (hf_checkpoint.h, the
+//     path a Llama's save_hf_checkpoint takes): a save, then a load (every
+//     rank reads its rows of model.safetensors).
 // Every time is the slowest rank's, from a barrier to the end. Before each
 // read the files' pages are evicted from the page cache with
 // posix_fadvise(POSIX_FADV_DONTNEED) after fdatasync (no root needed), and
@@ -46,6 +49,7 @@
 
 #include "bench/bench_util.h"
 #include "core/checkpoint/full_checkpoint.h"
+#include "core/checkpoint/hf_checkpoint.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/sharded_checkpoint.h"
 #include "core/comm/device_mesh.h"
@@ -194,7 +198,7 @@ int RunRank(flags::Flags& flags) {
   auto world = comm::World::Init(comm::RendezvousOptions::FromEnv());
   const int rank = world->rank(), n = world->size();
   const std::string dir = base + "/n" + std::to_string(n);
-  const std::string sharded = dir + "/sharded", full = dir + "/full";
+  const std::string sharded = dir + "/sharded", full = dir + "/full", hf = dir + "/hf";
   const std::string disk_file = dir + "/disk-" + std::to_string(rank) + ".bin";
   const std::string disk_full = dir + "/disk-full.bin";
   if (rank == 0) fs::create_directories(dir);
@@ -246,14 +250,22 @@ int RunRank(flags::Flags& flags) {
   auto save_full = [&] {
     checkpoint::SaveFullCheckpoint(full, *model, optimizer.get(), *world, progress);
   };
+  // Hugging Face's layout (model.safetensors, the parameters only), through
+  // the path a Llama's save_hf_checkpoint takes: rank 0 gathers and streams.
+  auto save_hf = [&] {
+    checkpoint::SaveHfWeights(hf, *model, "{\"model_type\": \"gpt\"}\n",
+                              checkpoint::HfSaveOptions{}, *world);
+  };
 
   // A first save of each kind gives the sizes the disk files take.
   save_sharded();
   save_full();
+  save_hf();
   const std::string my_file = sharded + "/rank" + std::to_string(rank) + "-of-" +
                               std::to_string(n) + ".safetensors";
   const uint64_t my_bytes = fs::file_size(my_file);
-  const uint64_t sharded_bytes = BytesUnder(sharded), full_bytes = BytesUnder(full);
+  const uint64_t sharded_bytes = BytesUnder(sharded), full_bytes = BytesUnder(full),
+                 hf_bytes = BytesUnder(hf);
 
   for (int r = 0; r < repeats; ++r) {
     WriteResult("disk_write_s", timed([&] { WriteDiskFile(disk_file, my_bytes); }));
@@ -290,12 +302,16 @@ int RunRank(flags::Flags& flags) {
     WriteResult("full_load_s", timed([&] {
                   checkpoint::LoadFullCheckpoint(full, *model, optimizer.get(), *world);
                 }));
+    WriteResult("hf_save_s", timed(save_hf));
+    evict();
+    WriteResult("hf_load_s", timed([&] { checkpoint::LoadHfWeights(hf, *model, *world); }));
   }
   world->group()->barrier().wait();
   if (rank == 0) {
     WriteResult("sharded_bytes", double(sharded_bytes));
     WriteResult("disk_bytes_per_rank", double(my_bytes));
     WriteResult("full_bytes", double(full_bytes));
+    WriteResult("hf_bytes", double(hf_bytes));
     WriteResult("resident_before_reads", resident_max);
     WriteResult("params", double(config.NumParams()));
     fs::remove_all(dir);
@@ -374,14 +390,18 @@ int RunParent(flags::Flags& flags, const std::string& self) {
          Value(r, "disk_bytes_per_rank") * n, Median(Values(r, "stall_s")));
     line("full", Value(r, "full_bytes"), "full_save_s", "full_load_s", "_one",
          Value(r, "full_bytes"), -1);
+    line("hf", Value(r, "hf_bytes"), "hf_save_s", "hf_load_s", "_one", Value(r, "full_bytes"),
+         -1);
   }
   std::printf(
       "\ndisk: plain files of the same sizes, by as many writers and readers as the format\n"
       "has (sharded: N; full: rank 0 alone): 8 MiB writes + fsync; 8 MiB reads into one\n"
       "buffer (read: the disk's speed, as dd gives it) and into fresh memory of the file's\n"
       "size (to memory: what any loader pays, the kernel faulting in and zeroing each page\n"
-      "before the bytes land). stall: the training thread's part of a background sharded\n"
-      "save. Largest share of the files' pages still cached before a read: %.1f%%\n",
+      "before the bytes land). hf: the parameters alone in Hugging Face's layout, saved\n"
+      "as full is (rank 0 gathers and writes) and loaded by every rank reading its rows\n"
+      "of the one file; compared with the one-writer and one-reader figures.\n"
+      "stall: the training thread's part of a background sharded save. Largest share of the files' pages still cached before a read: %.1f%%\n",
       resident * 100);
   if (dir_flag.empty()) fs::remove_all(dir);
   return 0;
