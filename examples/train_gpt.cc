@@ -283,6 +283,11 @@ Flags ParseFlags(int argc, char** argv) {
          "directory, as save_pretrained writes it)");
   }
   if (!f.save_hf.empty() && f.hf_model.empty()) Fail("--save-hf needs --hf-model");
+  try {
+    checkpoint::ParseShardSize(f.save_hf_shard_size);  // refused now, not after training
+  } catch (const std::exception& e) {
+    Fail(std::string("--save-hf-shard-size: ") + e.what());
+  }
   if (!f.save_hf_dtype.empty() && f.save_hf_dtype != "float32" && f.save_hf_dtype != "bfloat16" &&
       f.save_hf_dtype != "float16") {
     Fail("--save-hf-dtype must be float32, bfloat16 or float16, got '" + f.save_hf_dtype + "'");

@@ -214,6 +214,7 @@ expect_error "--ac-every must be at least 1" --activation-checkpointing 1 --ac-e
 expect_error "has no config.json" --hf-model "$tmp"
 expect_error "--save-hf needs --hf-model" --save-hf "$tmp/hf_nowhere"
 expect_error "--data-tokens must be uint8, uint16 or int32" --data-tokens int64
+expect_error "--save-hf-shard-size: max_shard_size \"lots\"" --save-hf-shard-size lots
 
 # A Hugging Face checkpoint made by transformers (--hf-model, Qwen2 with
 # tied embeddings) trains alike on 1 and 2 ranks with a layer frozen, and
