@@ -54,6 +54,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Marks a function libfsdp2 exports: default ELF visibility with GCC and
+ * Clang (the library's version script, c_api/fsdp2.lds, keeps only fsdp2_*
+ * symbols), dllexport on Windows, nothing on other compilers. */
 #if defined(_WIN32)
 #define FSDP2_API __declspec(dllexport)
 #elif defined(__GNUC__)
@@ -69,7 +72,12 @@ extern "C" {
 /* ABI version: bumped on every incompatible change (never, we hope), while
  * compatible additions bump the minor number. */
 #define FSDP2_ABI_VERSION_MAJOR 1
+/* Bumped by every compatible addition (new functions, fields appended to an
+ * option struct); a library of the same major and a minor at least the
+ * header's has everything the header declares. */
 #define FSDP2_ABI_VERSION_MINOR 8 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists; 1.8: Hugging Face Llama-family checkpoints, frozen parameters */
+/* Major and minor as one number, major * 1000 + minor (1008 for 1.8): the
+ * value fsdp2_abi_version() returns, so a caller can compare the two. */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
@@ -81,15 +89,18 @@ extern "C" {
  * Status, errors, version, memory
  * ---------------------------------------------------------------------- */
 
+/* What every fallible function returns; on anything but FSDP2_OK,
+ * fsdp2_last_error() says what went wrong and fsdp2_status_name() names the
+ * code. */
 typedef enum fsdp2_status {
-  FSDP2_OK = 0,
+  FSDP2_OK = 0,                     /* success: the outputs are written */
   FSDP2_ERROR_INVALID_ARGUMENT = 1, /* bad value, NULL pointer, bad JSON */
   FSDP2_ERROR_INVALID_HANDLE = 2,   /* NULL, destroyed or foreign handle */
   FSDP2_ERROR_WRONG_ORDER = 3,      /* e.g. training before parallelize */
   FSDP2_ERROR_SHAPE = 4,            /* a buffer's dtype or shape is wrong */
   FSDP2_ERROR_IO = 5,               /* files: checkpoints, token files */
   FSDP2_ERROR_RUNTIME = 6,          /* communication, timeouts, LibTorch */
-  FSDP2_ERROR_OUT_OF_MEMORY = 7,
+  FSDP2_ERROR_OUT_OF_MEMORY = 7,    /* a host allocation failed (a GPU's: RUNTIME) */
   FSDP2_ERROR_INTERNAL = 8          /* a bug in fsdp2: please report it */
 } fsdp2_status_t;
 
@@ -165,26 +176,35 @@ FSDP2_API fsdp2_status_t fsdp2_restart_with_rank_environment(int argc, char** ar
  * Tensors: caller-owned buffers described by pointer, dtype and shape
  * ---------------------------------------------------------------------- */
 
+/* The element type of an fsdp2_tensor_t (stored as int32_t); see
+ * fsdp2_dtype_size for the bytes per element. */
 typedef enum fsdp2_dtype {
-  FSDP2_DTYPE_FLOAT32 = 0,
-  FSDP2_DTYPE_FLOAT64 = 1,
-  FSDP2_DTYPE_BFLOAT16 = 2,
-  FSDP2_DTYPE_FLOAT16 = 3,
-  FSDP2_DTYPE_INT64 = 4,
-  FSDP2_DTYPE_INT32 = 5,
+  FSDP2_DTYPE_FLOAT32 = 0,  /* IEEE 754 single, 4 bytes */
+  FSDP2_DTYPE_FLOAT64 = 1,  /* IEEE 754 double, 8 bytes */
+  FSDP2_DTYPE_BFLOAT16 = 2, /* brain float, 2 bytes (a uint16_t's bits) */
+  FSDP2_DTYPE_FLOAT16 = 3,  /* IEEE 754 half, 2 bytes */
+  FSDP2_DTYPE_INT64 = 4,    /* int64_t: token ids, class labels */
+  FSDP2_DTYPE_INT32 = 5,    /* int32_t: token ids, token files */
   FSDP2_DTYPE_UINT16 = 6, /* token files only */
+  /* uint8_t: tensors, and byte-level token files */
   FSDP2_DTYPE_UINT8 = 7
 } fsdp2_dtype_t;
 
+/* The most dimensions an fsdp2_tensor_t holds (the length of its shape
+ * array); a tensor or parameter with more is refused with
+ * FSDP2_ERROR_SHAPE. */
 #define FSDP2_MAX_DIMS 8
 
 /* A dense, C-contiguous (row-major) array in host memory. `data` is
  * borrowed for the duration of the call that receives it; the library never
  * keeps the pointer (inputs are copied or used in place during the call). */
 typedef struct fsdp2_tensor {
+  /* The first element; may be NULL only when the shape has no elements.
+   * Read for inputs, written for outputs, never freed by the library. */
   void* data;
   int32_t dtype; /* an fsdp2_dtype_t */
   int32_t ndim; /* 0..FSDP2_MAX_DIMS */
+  /* Sizes of the first ndim dimensions, each >= 0; the rest are ignored. */
   int64_t shape[FSDP2_MAX_DIMS];
 } fsdp2_tensor_t;
 
@@ -195,33 +215,48 @@ FSDP2_API size_t fsdp2_dtype_size(int32_t dtype);
  * Strategy options
  * ---------------------------------------------------------------------- */
 
+/* How FSDP shards the model over the data-parallel ranks (as PyTorch's
+ * ShardingStrategy); the field sharding_strategy, default FULL_SHARD. */
 typedef enum fsdp2_sharding_strategy {
   FSDP2_FULL_SHARD = 0,    /* shard params, grads, optimizer state */
   FSDP2_SHARD_GRAD_OP = 1, /* keep params unsharded from forward to backward */
   FSDP2_NO_SHARD = 2,      /* replicate, all-reduce gradients (DDP) */
-  FSDP2_HYBRID_SHARD = 3   /* shard within groups, replicate across them */
+  /* shard within groups, replicate across them */
+  FSDP2_HYBRID_SHARD = 3
 } fsdp2_sharding_strategy_t;
 
+/* The dtypes units compute and reduce in (the mixed-precision policy);
+ * the field precision, default BF16. Master weights and optimizer state
+ * stay in the parameters' dtype. */
 typedef enum fsdp2_precision {
   FSDP2_PRECISION_FP32 = 0, /* everything in float32 */
-  FSDP2_PRECISION_BF16 = 1  /* bf16 params and compute, fp32 reductions */
+  /* bf16 params and compute, fp32 reductions */
+  FSDP2_PRECISION_BF16 = 1
 } fsdp2_precision_t;
 
+/* The communication library of the process group; the field backend,
+ * default GLOO. */
 typedef enum fsdp2_backend {
   FSDP2_BACKEND_GLOO = 0, /* CPU */
-  FSDP2_BACKEND_NCCL = 1  /* CUDA builds */
+  /* CUDA builds */
+  FSDP2_BACKEND_NCCL = 1
 } fsdp2_backend_t;
 
 /* Where a rank trains (ABI 1.5). */
 typedef enum fsdp2_device {
   FSDP2_DEVICE_AUTO = 0, /* its GPU where CUDA devices are visible, else the CPU */
-  FSDP2_DEVICE_CPU = 1,
-  FSDP2_DEVICE_CUDA = 2  /* GPU device_index, or (-1) local rank modulo the GPUs */
+  FSDP2_DEVICE_CPU = 1,  /* the CPU, even where GPUs are visible */
+  /* GPU device_index, or (-1) local rank modulo the GPUs */
+  FSDP2_DEVICE_CUDA = 2
 } fsdp2_device_t;
 
+/* What fsdp2_strategy_save_checkpoint writes (the target is a directory
+ * in both); the field checkpoint_format, default SHARDED. Loading reads
+ * either, saved on any number of ranks. */
 typedef enum fsdp2_checkpoint_format {
   FSDP2_CHECKPOINT_SHARDED = 0, /* a directory; every rank writes its rows */
-  FSDP2_CHECKPOINT_FULL = 1     /* one safetensors file, written by rank 0 */
+  /* one safetensors file, written by rank 0 */
+  FSDP2_CHECKPOINT_FULL = 1
 } fsdp2_checkpoint_format_t;
 
 /* Activation checkpointing: which FSDP units recompute their activations
@@ -231,7 +266,8 @@ typedef enum fsdp2_checkpoint_format {
 typedef enum fsdp2_activation_checkpointing {
   FSDP2_AC_NONE = 0,      /* keep every activation (the default) */
   FSDP2_AC_FULL = 1,      /* recompute every block */
-  FSDP2_AC_SELECTIVE = 2  /* recompute every ac_every-th block */
+  /* recompute every ac_every-th block */
+  FSDP2_AC_SELECTIVE = 2
 } fsdp2_activation_checkpointing_t;
 
 /* How micro-batches that do not sync gradients accumulate them (ABI 1.6). */
@@ -245,16 +281,21 @@ typedef enum fsdp2_gradient_accumulation {
   FSDP2_ACCUMULATE_SHARDED = 1
 } fsdp2_gradient_accumulation_t;
 
+/* How a strategy shards, communicates and trains: what
+ * fsdp2_strategy_create takes. Fill it with fsdp2_strategy_options_init
+ * (and fsdp2_strategy_options_from_json), then set fields; each field's
+ * default is the one _init sets. */
 typedef struct fsdp2_strategy_options {
   size_t struct_size;           /* sizeof(fsdp2_strategy_options_t) */
   int32_t data_parallel_size;   /* 0: "auto" */
   int32_t tensor_parallel_size; /* 0: "auto" */
   int32_t sharding_strategy;     /* an fsdp2_sharding_strategy_t */
-  int32_t reshard_after_forward; /* -1: the strategy's default, 0: no, 1: yes,
-                                    k >= 2 (ABI 1.6): only down to groups of k
-                                    consecutive ranks (a host's), so backward
-                                    all-gathers stay inside them; k divides
-                                    the shard group */
+  /* Whether units free their gathered parameters after forward (and
+   * all-gather them again in backward). -1 (default): the sharding
+   * strategy's choice, 0: no, 1: yes, k >= 2 (ABI 1.6): only down to groups
+   * of k consecutive ranks (a host's), so backward all-gathers stay inside
+   * them; k divides the shard group. Below -1: INVALID_ARGUMENT. */
+  int32_t reshard_after_forward;
   int32_t shard_group_size;      /* HYBRID_SHARD ranks per group; 0: a node */
   int32_t precision;             /* an fsdp2_precision_t; default BF16 */
   int32_t cpu_offload;           /* 0 or 1 */
@@ -277,8 +318,9 @@ typedef struct fsdp2_strategy_options {
   int32_t forward_prefetch;      /* >= 0; default 1 */
   int32_t backward_prefetch;     /* >= 0; default 1 */
   int32_t gradient_accumulation; /* an fsdp2_gradient_accumulation_t; default LOCAL */
-  double gradient_divide_factor; /* reduced gradients / this; 0 (default): the
-                                    data-parallel size (mean), 1: the sum */
+  /* Reduced gradients are divided by this; 0 (default): the data-parallel
+   * size (the mean), 1: the sum. Negative or not finite: INVALID_ARGUMENT. */
+  double gradient_divide_factor;
   /* Since ABI 1.7. The strings below are borrowed until
    * fsdp2_strategy_create returns (it copies them); those that
    * fsdp2_strategy_options_from_json sets are the library's, kept until the
@@ -290,12 +332,11 @@ typedef struct fsdp2_strategy_options {
    * all-gathered, cast to bf16 or reduced by FSDP. A pattern that matches
    * no parameter fails fsdp2_strategy_parallelize (INVALID_ARGUMENT). */
   const char* ignored_params;
-  int32_t ignored_params_all_reduce; /* 1: backward all-reduces their
-                                        gradients over the data-parallel
-                                        ranks (divided as FSDP's are: training
-                                        equals one process); 0 (default): each
-                                        rank keeps its own (PyTorch's rule),
-                                        and the ranks' copies drift apart */
+  /* 1: backward all-reduces the ignored parameters' gradients over the
+   * data-parallel ranks (divided as FSDP's are: training equals one
+   * process); 0 (default): each rank keeps its own (PyTorch's rule), and the
+   * ranks' copies drift apart. Anything else: INVALID_ARGUMENT. */
+  int32_t ignored_params_all_reduce;
   /* Explicit prefetch lists, in place of the depths for the units named:
    * "unit:listed,listed;unit:listed" with the model's module names
    * ("blocks.0:blocks.1,blocks.2" makes blocks.0's forward all-gather
@@ -303,8 +344,10 @@ typedef struct fsdp2_strategy_options {
    * sharded and come after the unit in the pass (forward: module order;
    * backward: the reverse), else fsdp2_strategy_parallelize fails
    * (INVALID_ARGUMENT) naming them. Each listed unit costs its parameters
-   * held from the unit's turn to its own. */
+   * held from the unit's turn to its own. This one: forward's lists. */
   const char* forward_prefetch_modules;
+  /* Backward's lists, in the same syntax: the units listed after a unit
+   * are all-gathered in its backward, in place of backward_prefetch. */
   const char* backward_prefetch_modules;
   /* Since ABI 1.8. Parameters not trained at all (fine-tuning part of a
    * model): names or glob patterns as for ignored_params. They get no
@@ -338,7 +381,13 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_options_from_json(
  * Models
  * ---------------------------------------------------------------------- */
 
+/* A model handle: the module to train and how its batches become a loss.
+ * Made by fsdp2_model_create (or _create_deferred, _load_torchscript*),
+ * freed by fsdp2_model_destroy. */
 typedef struct fsdp2_model fsdp2_model_t;
+/* A strategy handle: one rank's FSDP2 training state (process group, mesh,
+ * sharded model, optimizer, counters). Made by fsdp2_strategy_create, freed
+ * by fsdp2_strategy_destroy; one thread at a time. */
 typedef struct fsdp2_strategy fsdp2_strategy_t;
 
 /* Builds a model from a JSON configuration (borrowed). Families:
@@ -427,18 +476,25 @@ FSDP2_API fsdp2_status_t fsdp2_model_num_parameters(const fsdp2_model_t* model,
  * Optimizer
  * ---------------------------------------------------------------------- */
 
+/* The optimizer the strategy builds over the local shards (the field kind
+ * of fsdp2_optimizer_options_t, default ADAMW). */
 typedef enum fsdp2_optimizer_kind {
-  FSDP2_OPTIMIZER_ADAMW = 0,
-  FSDP2_OPTIMIZER_ADAM = 1,
+  FSDP2_OPTIMIZER_ADAMW = 0, /* Adam with decoupled weight decay */
+  FSDP2_OPTIMIZER_ADAM = 1,  /* Adam; weight_decay is added to the gradient */
+  /* SGD with optional momentum */
   FSDP2_OPTIMIZER_SGD = 2
 } fsdp2_optimizer_kind_t;
 
+/* The optimizer fsdp2_strategy_connect builds (at parallelize). Fill it
+ * with fsdp2_optimizer_options_init, whose defaults each field names. */
 typedef struct fsdp2_optimizer_options {
   size_t struct_size; /* sizeof(fsdp2_optimizer_options_t) */
   int32_t kind;       /* an fsdp2_optimizer_kind_t */
-  double lr;
-  double beta1, beta2, eps; /* Adam(W) */
-  double weight_decay;
+  double lr;                /* learning rate, > 0; default 1e-3 */
+  double beta1;             /* Adam(W) first-moment decay, [0, 1); default 0.9 */
+  double beta2;             /* Adam(W) second-moment decay, [0, 1); default 0.999 */
+  double eps;               /* Adam(W) denominator term, > 0; default 1e-8 */
+  double weight_decay;      /* >= 0; default 0.01 */
   double momentum;          /* SGD */
 } fsdp2_optimizer_options_t;
 
@@ -455,6 +511,10 @@ FSDP2_API fsdp2_status_t fsdp2_optimizer_options_from_json(
  * The strategy
  * ---------------------------------------------------------------------- */
 
+/* A data loader handle: a memory-mapped token file, cut into global batches.
+ * Made by fsdp2_dataloader_create_from_token_file, freed by
+ * fsdp2_dataloader_destroy; its batches are this rank's rows, for the
+ * strategy that made it. */
 typedef struct fsdp2_dataloader fsdp2_dataloader_t;
 
 /* Creates a strategy (no communication yet). `options` is borrowed; NULL
@@ -491,6 +551,8 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_connect(
  * optimizer over the local shards. A second call does nothing. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_parallelize(fsdp2_strategy_t* strategy);
 
+/* Per-step controls of fsdp2_strategy_training_step(_loader). Fill it with
+ * fsdp2_step_options_init (accumulate_grad_batches 1, no clipping). */
 typedef struct fsdp2_step_options {
   size_t struct_size;              /* sizeof(fsdp2_step_options_t) */
   /* The batch's rows are split into this many equal micro-batches; their
@@ -502,6 +564,8 @@ typedef struct fsdp2_step_options {
 /* Defaults: no accumulation, no clipping. */
 FSDP2_API void fsdp2_step_options_init(fsdp2_step_options_t* options);
 
+/* What fsdp2_strategy_training_step(_loader) reports; the same on every
+ * rank. */
 typedef struct fsdp2_step_result {
   double loss;      /* mean over micro-batches and data-parallel ranks */
   double grad_norm; /* global norm before clipping (0 without clipping) */
@@ -524,6 +588,9 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_training_step(
 FSDP2_API fsdp2_status_t fsdp2_strategy_validation_step(
     fsdp2_strategy_t* strategy, const fsdp2_tensor_t* batch, size_t num_tensors,
     int64_t batch_idx, double* loss);
+/* Collective. As fsdp2_strategy_validation_step, through the model's test
+ * step: the loss of `batch` without gradients, averaged over the
+ * data-parallel ranks. After parallelize (else WRONG_ORDER). */
 FSDP2_API fsdp2_status_t fsdp2_strategy_test_step(
     fsdp2_strategy_t* strategy, const fsdp2_tensor_t* batch, size_t num_tensors,
     int64_t batch_idx, double* loss);
@@ -549,6 +616,9 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_predict_step(
 FSDP2_API fsdp2_status_t fsdp2_strategy_save_checkpoint(
     fsdp2_strategy_t* strategy, const char* path);
 
+/* Flags of fsdp2_strategy_save_checkpoint_ex, or-ed into its `flags`
+ * (0: a synchronous save). FSDP2_SAVE_ASYNC: write the files on a
+ * background thread. */
 typedef enum fsdp2_save_flags { FSDP2_SAVE_ASYNC = 1 } fsdp2_save_flags_t;
 
 /* Collective. With FSDP2_SAVE_ASYNC the collective part runs now and stages
@@ -597,6 +667,10 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_has_pending_optimizer_state(
  * and lives as long as the strategy. After parallelize. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_num_parameters(
     const fsdp2_strategy_t* strategy, int64_t* count);
+/* Parameter `index` (0 <= index < count, else INVALID_ARGUMENT): its name
+ * into *name (borrowed, valid while the strategy lives) and its dtype,
+ * ndim and global shape into the caller-owned *info, whose data is set to
+ * NULL. Either output may be NULL. After parallelize (else WRONG_ORDER). */
 FSDP2_API fsdp2_status_t fsdp2_strategy_parameter_info(
     const fsdp2_strategy_t* strategy, int64_t index, const char** name,
     fsdp2_tensor_t* info);
@@ -637,6 +711,9 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_save_hf_checkpoint(fsdp2_strategy_t* str
 /* Epoch and optimizer steps taken (restored by load_checkpoint). */
 FSDP2_API fsdp2_status_t fsdp2_strategy_current_epoch_step(
     const fsdp2_strategy_t* strategy, int64_t* epoch, int64_t* step);
+/* Sets the epoch counter (>= 0, else INVALID_ARGUMENT) that checkpoints save
+ * and fsdp2_strategy_current_epoch_step reports. Local; it does not
+ * reshuffle a loader: call fsdp2_dataloader_set_epoch for that. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_set_epoch(fsdp2_strategy_t* strategy,
                                                   int64_t epoch);
 
@@ -647,17 +724,23 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_set_epoch(fsdp2_strategy_t* strategy,
  * NO_SHARD). Peaks are process-wide, since parallelize (unsharded) or the
  * process's start (RSS), or the last reset. */
 typedef struct fsdp2_memory_stats {
-  size_t struct_size;
-  int64_t sharded_param_bytes, sharded_grad_bytes; /* grads: 0 but between a backward and its step */
+  size_t struct_size; /* sizeof(fsdp2_memory_stats_t), as _init sets it; kept */
+  int64_t sharded_param_bytes; /* this rank's rows of the parameters */
+  int64_t sharded_grad_bytes; /* grads: 0 but between a backward and its step */
   int64_t optimizer_state_bytes; /* its state tensors (AdamW: 2 x sharded params) */
-  int64_t unsharded_param_bytes, peak_unsharded_param_bytes; /* gathered, compute dtype */
+  int64_t unsharded_param_bytes; /* gathered, compute dtype */
+  int64_t peak_unsharded_param_bytes; /* the most unsharded_param_bytes held */
   int64_t unsharded_grad_bytes;  /* accumulated without gradient sync */
   int64_t total_param_bytes;     /* the global model in its dtype, tied ones once */
-  int64_t rss_bytes, peak_rss_bytes; /* VmRSS, VmHWM (>= rss_bytes) */
+  int64_t rss_bytes; /* the process's resident memory now (VmRSS) */
+  int64_t peak_rss_bytes; /* VmHWM (>= rss_bytes) */
   /* Since ABI 1.5; 0 on the CPU. On a GPU, PyTorch's caching allocator:
-   * bytes in tensors, bytes held from the driver, and their peaks. */
-  int64_t device_allocated_bytes, device_reserved_bytes;
-  int64_t peak_device_allocated_bytes, peak_device_reserved_bytes;
+   * bytes in tensors, bytes held from the driver, and their peaks. This
+   * one: bytes in live tensors. */
+  int64_t device_allocated_bytes;
+  int64_t device_reserved_bytes; /* bytes the allocator holds from the driver */
+  int64_t peak_device_allocated_bytes; /* the most device_allocated_bytes */
+  int64_t peak_device_reserved_bytes; /* the most device_reserved_bytes */
 } fsdp2_memory_stats_t;
 /* Zeroes *stats and sets struct_size. Accepts NULL. */
 FSDP2_API void fsdp2_memory_stats_init(fsdp2_memory_stats_t* stats);
@@ -679,15 +762,18 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_teardown(fsdp2_strategy_t* strategy);
  * Data loaders: batches read natively, no copying by the caller
  * ---------------------------------------------------------------------- */
 
+/* How fsdp2_dataloader_create_from_token_file reads and batches a file.
+ * Fill it with fsdp2_token_loader_options_init, whose defaults are below. */
 typedef struct fsdp2_token_loader_options {
   size_t struct_size;        /* sizeof(fsdp2_token_loader_options_t) */
   int32_t token_dtype;       /* UINT8 (a text file's bytes), UINT16, INT32 */
   int64_t block_size;        /* tokens per sample; windows hold block_size+1 */
   int64_t global_batch_size; /* rows per step over all data-parallel ranks */
   /* The part of the file's windows this loader uses, as fractions of them:
-   * e.g. [0, 0.95) for training and [0.95, 1) for validation. */
+   * e.g. [0, 0.95) for training and [0.95, 1) for validation. Need
+   * 0 <= begin_fraction < end_fraction <= 1. This one: the start, default 0. */
   double begin_fraction;
-  double end_fraction;
+  double end_fraction; /* the end (exclusive); default 1 */
 } fsdp2_token_loader_options_t;
 
 /* Defaults: UINT8, block 64, global batch 8, the whole file. */
@@ -718,6 +804,9 @@ FSDP2_API fsdp2_status_t fsdp2_dataloader_set_epoch(fsdp2_dataloader_t* loader,
 FSDP2_API fsdp2_status_t fsdp2_strategy_training_step_loader(
     fsdp2_strategy_t* strategy, fsdp2_dataloader_t* loader, int64_t batch_idx,
     const fsdp2_step_options_t* options, fsdp2_step_result_t* result);
+/* Collective. As fsdp2_strategy_validation_step on the loader's batch
+ * `batch_idx`: its mean loss over the data-parallel ranks into the
+ * caller-owned *loss (not NULL). */
 FSDP2_API fsdp2_status_t fsdp2_strategy_validation_step_loader(
     fsdp2_strategy_t* strategy, fsdp2_dataloader_t* loader, int64_t batch_idx,
     double* loss);

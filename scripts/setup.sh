@@ -32,6 +32,8 @@ PACKAGES=(
   python3 procps iproute2
   # Outside launchers //tests:launchers_test runs the main job under.
   openmpi-bin slurm-wlm munge
+  # The API reference (//docs:api, //docs:api_reference_test).
+  doxygen
   # Packaging tests (//packaging): the C/C++ install built with pkg-config
   # and CMake.
   pkg-config cmake

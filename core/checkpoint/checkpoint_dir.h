@@ -28,6 +28,7 @@ namespace checkpoint {
 // The file a full checkpoint DIR holds.
 constexpr const char* kFullCheckpointFile = "checkpoint.safetensors";
 
+// What DetectCheckpoint finds at a path, i.e. which loader reads it.
 enum class CheckpointLayout {
   kNone,      // nothing there
   kSharded,   // a directory (holding metadata.json, or not yet valid)

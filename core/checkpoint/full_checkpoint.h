@@ -27,6 +27,10 @@
 namespace fsdp2 {
 namespace checkpoint {
 
+// Writes `root`'s parameters, `optimizer`'s state (nullptr: the model only)
+// and `progress` (string counters such as epoch and step, kept in the
+// metadata) to DIR/checkpoint.safetensors, swapped in atomically; returns
+// after a final barrier, so the checkpoint is in place on every rank.
 void SaveFullCheckpoint(const std::string& dir, torch::nn::Module& root,
                         torch::optim::Optimizer* optimizer, comm::World& world,
                         const std::map<std::string, std::string>& progress);

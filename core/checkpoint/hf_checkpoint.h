@@ -31,7 +31,7 @@ namespace checkpoint {
 
 // The weight files of a Hugging Face checkpoint.
 struct HfWeights {
-  std::string dir;
+  std::string dir;  // the checkpoint's directory (an index's or file's parent)
   std::map<std::string, std::string> file_of;  // tensor name -> file path
 };
 
@@ -55,6 +55,7 @@ HfWeights ResolveHfWeights(const std::string& path);
 // rank. Buffers are not read.
 void LoadHfWeights(const std::string& path, torch::nn::Module& root, comm::World& world);
 
+// How SaveHfWeights writes the weight files: shard size and dtype.
 struct HfSaveOptions {
   // A shard is closed before a tensor that would take it past this many
   // bytes (a larger tensor gets a shard of its own); transformers' rule.

@@ -21,6 +21,9 @@
 namespace fsdp2 {
 namespace comm {
 
+// An N-D grid of the world's ranks with one process group per named
+// dimension (see above). Immutable once made, but for block_group's cache;
+// shared by pointer.
 class DeviceMesh {
  public:
   // Throws std::invalid_argument if the sizes are not positive, their product
@@ -29,10 +32,15 @@ class DeviceMesh {
                                             std::vector<int> shape,
                                             std::vector<std::string> dim_names);
 
+  // The number of dimensions (the length of shape()).
   int ndim() const { return static_cast<int>(shape_.size()); }
+  // The ranks along each dimension, outermost first, as given to Create.
   const std::vector<int>& shape() const { return shape_; }
+  // The dimensions' names, in shape()'s order.
   const std::vector<std::string>& dim_names() const { return names_; }
+  // Whether a dimension is named `name` (never throws).
   bool has_dim(const std::string& name) const;
+  // The ranks along `dim`; throws InvalidArgumentError for an unknown name.
   int size(const std::string& dim) const;
   int size() const;  // all ranks of the mesh
   // This rank's coordinate along `dim`.
@@ -46,6 +54,7 @@ class DeviceMesh {
   // in the same order; cached after that. Throws std::invalid_argument
   // unless `size` is positive and divides size(dim).
   std::shared_ptr<ProcessGroup> block_group(const std::string& dim, int size);
+  // The world the mesh arranges (every rank of the job).
   const std::shared_ptr<World>& world() const { return world_; }
   std::string ToString() const;  // e.g. "DeviceMesh(replicate=2, shard=2)"
 

@@ -25,6 +25,9 @@
 
 namespace fsdp2 {
 
+// The kind of failure an Error reports; the C ABI maps each to an
+// fsdp2_status_t (kNotFound and kIo to IO, kCommunication and kTimeout to
+// RUNTIME, kFailedPrecondition to WRONG_ORDER, the rest by name).
 enum class ErrorCode {
   kInvalidArgument,     // a bad value from the caller; the message says what to change
   kShape,               // a tensor's dtype, rank or shape is not what the call needs
@@ -45,13 +48,17 @@ const char* ErrorCodeName(ErrorCode code);
 class Error {
  public:
   virtual ~Error() = default;
+  // The kind of failure, fixed when the exception was made.
   ErrorCode code() const noexcept { return code_; }
   // The message (the same text as the standard exception's what()).
   virtual const char* what() const noexcept = 0;
 
  protected:
+  // Only CodedError constructs one, with its kCode.
   explicit Error(ErrorCode code) : code_(code) {}
+  // Copies the code (exceptions are copied when thrown and rethrown).
   Error(const Error&) = default;
+  // Assigns the code; protected so that an Error is not sliced.
   Error& operator=(const Error&) = default;
 
  private:
@@ -62,20 +69,33 @@ class Error {
 template <ErrorCode kCode, typename Std>
 class CodedError final : public Std, public Error {
  public:
+  // An error of code kCode whose what() is `message` (as given: no prefix).
   explicit CodedError(const std::string& message) : Std(message), Error(kCode) {}
   const char* what() const noexcept override { return Std::what(); }
 };
 
+// A bad value from the caller (kInvalidArgument); a std::invalid_argument.
 using InvalidArgumentError = CodedError<ErrorCode::kInvalidArgument, std::invalid_argument>;
+// An index or value outside its range: kInvalidArgument, a std::out_of_range.
 using OutOfRangeError = CodedError<ErrorCode::kInvalidArgument, std::out_of_range>;
+// A tensor of the wrong dtype, rank or shape (kShape); a std::invalid_argument.
 using ShapeError = CodedError<ErrorCode::kShape, std::invalid_argument>;
+// A NULL, destroyed or foreign C handle (kInvalidHandle); a std::invalid_argument.
 using InvalidHandleError = CodedError<ErrorCode::kInvalidHandle, std::invalid_argument>;
+// A call in the wrong order (kFailedPrecondition); a std::logic_error.
 using FailedPreconditionError = CodedError<ErrorCode::kFailedPrecondition, std::logic_error>;
+// A bug in fsdp2 (kInternal); a std::logic_error.
 using InternalError = CodedError<ErrorCode::kInternal, std::logic_error>;
+// A file that does not exist (kNotFound); a std::runtime_error.
 using NotFoundError = CodedError<ErrorCode::kNotFound, std::runtime_error>;
+// A file that cannot be read or written, or is malformed (kIo); a
+// std::runtime_error.
 using IoError = CodedError<ErrorCode::kIo, std::runtime_error>;
+// A failed collective or rendezvous (kCommunication); a std::runtime_error.
 using CommunicationError = CodedError<ErrorCode::kCommunication, std::runtime_error>;
+// A collective or rendezvous past its timeout (kTimeout); a std::runtime_error.
 using TimeoutError = CodedError<ErrorCode::kTimeout, std::runtime_error>;
+// A failed allocation (kOutOfMemory); a std::runtime_error.
 using OutOfMemoryError = CodedError<ErrorCode::kOutOfMemory, std::runtime_error>;
 
 // Throws the class of `code` (one of the aliases above) with `message`:

@@ -60,16 +60,21 @@ class FSDPUnit;
 
 // Which sharded modules apply_activation_checkpointing() checkpoints.
 struct ActivationCheckpointing {
+  // How many of the candidate units are checkpointed.
   enum class Mode {
     kNone,       // none
     kFull,       // every candidate unit
     kSelective,  // every `every`-th candidate unit: the every-th, 2*every-th...
   };
-  Mode mode = Mode::kNone;
+  Mode mode = Mode::kNone;  // default: no checkpointing
   int every = 2;  // kSelective only; 1 is the same as kFull
 
+  // No checkpointing (the default-constructed policy).
   static ActivationCheckpointing None() { return {}; }
+  // Every candidate unit recomputes its activations in backward.
   static ActivationCheckpointing Full() { return {Mode::kFull, 1}; }
+  // Every `every`-th candidate unit. Not checked here: an `every` below 1
+  // throws InvalidArgumentError from apply_activation_checkpointing().
   static ActivationCheckpointing Selective(int every) {
     return {Mode::kSelective, every};
   }
@@ -77,6 +82,7 @@ struct ActivationCheckpointing {
   // Throws InvalidArgumentError naming the accepted values, or when every
   // is below 1.
   static ActivationCheckpointing Parse(const std::string& mode, int every = 2);
+  // Whether the policy checkpoints anything (mode is not kNone).
   bool enabled() const { return mode != Mode::kNone; }
   std::string ToString() const;  // "none", "full", "selective(every 2)"
 };
@@ -86,12 +92,16 @@ struct ActivationCheckpointing {
 // InvalidArgumentError for a null module.
 void checkpoint_module(const std::shared_ptr<torch::nn::Module>& module,
                        bool enabled = true);
+// The same for a module holder (e.g. torch::nn::Linear, or a model's
+// TORCH_MODULE type); marks the module it holds.
 template <typename Impl>
 void checkpoint_module(const torch::nn::ModuleHolder<Impl>& module,
                        bool enabled = true) {
   checkpoint_module(std::static_pointer_cast<torch::nn::Module>(module.ptr()),
                     enabled);
 }
+// Whether `module` is marked for activation checkpointing (by
+// checkpoint_module or apply_activation_checkpointing). Thread-safe.
 bool is_checkpointed(const torch::nn::Module& module);
 
 // Applies `policy` to the sharded modules under `root` (fully_shard first):

@@ -76,6 +76,8 @@ class [[nodiscard]] DeferredInitGuard {
   // the default generator has moved since (materialise first).
   DeferredInitGuard();
   ~DeferredInitGuard();
+  // Takes over `other`'s scope: `other` becomes inert (its destructor ends
+  // nothing) and this guard's destruction ends the deferral.
   DeferredInitGuard(DeferredInitGuard&& other) noexcept;
   DeferredInitGuard(const DeferredInitGuard&) = delete;
   DeferredInitGuard& operator=(const DeferredInitGuard&) = delete;

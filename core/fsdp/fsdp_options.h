@@ -21,6 +21,7 @@
 namespace fsdp2 {
 namespace fsdp {
 
+// What a unit shards and when it reshards (PyTorch's ShardingStrategy).
 enum class ShardingStrategy {
   kFullShard,    // shard params/grads/optimizer state; reshard after forward
   kShardGradOp,  // as kFullShard, but keep params unsharded until backward
@@ -28,18 +29,21 @@ enum class ShardingStrategy {
   kHybridShard,  // 2-D mesh: shard within a group, all-reduce across groups
 };
 
+// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD" or "HYBRID_SHARD" (static
+// storage), for logs; ParseShardingStrategy reads these back.
 const char* ToString(ShardingStrategy s);
 // Parses full_shard, shard_grad_op, no_shard, hybrid_shard (any case; '-'
 // or '_'). Throws std::invalid_argument naming the accepted values.
 ShardingStrategy ParseShardingStrategy(const std::string& name);
 
+// How fully_shard() shards one module (a unit); each field's default below.
 struct FSDPOptions {
   // The ranks to shard over. kFullShard/kShardGradOp shard over a 1-D mesh's
   // only dim (or `shard_dim`), kNoShard replicates over it, kHybridShard needs
   // a 2-D mesh (replicate_dim, shard_dim); default dims: first is replicate,
   // last is shard.
   std::shared_ptr<comm::DeviceMesh> mesh;
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;  // default: full shard
   std::string shard_dim;      // default: last mesh dim
   std::string replicate_dim;  // default: first mesh dim (kHybridShard only)
   // Free the unsharded parameters after this module's forward. Default: true
@@ -59,7 +63,7 @@ struct FSDPOptions {
   // reshard_after_forward; std::invalid_argument from fully_shard() when it
   // does not divide the shard group.
   int reshard_after_forward_size = 0;
-  MixedPrecisionPolicy mp_policy;
+  MixedPrecisionPolicy mp_policy;  // default: none (the parameters' dtype)
 
   // ---- controls (PyTorch's fully_shard has the same ones)
   // Prefetch depth, read from the root's options for its whole tree: how
@@ -72,7 +76,7 @@ struct FSDPOptions {
   // Negative: std::invalid_argument from fully_shard(). A unit given its
   // own list (fsdp::set_modules_to_forward_prefetch) follows that instead.
   int forward_prefetch = 1;
-  int backward_prefetch = 1;
+  int backward_prefetch = 1;  // the same for backward, in reverse order; default 1
   // Reduced gradients are divided by this (default: the data-parallel
   // size, shard group x replicas, so a mean loss per rank gives the
   // gradient of the global mean). 1 sums the ranks' gradients. Must be

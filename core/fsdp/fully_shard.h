@@ -89,6 +89,8 @@ std::shared_ptr<FSDPUnit> fully_shard(
     const std::shared_ptr<torch::nn::Module>& module,
     const FSDPOptions& options);
 
+// The same for a module holder (e.g. a model's TORCH_MODULE type): shards
+// the module it holds.
 template <typename Impl>
 std::shared_ptr<FSDPUnit> fully_shard(
     const torch::nn::ModuleHolder<Impl>& module, const FSDPOptions& options) {
@@ -125,6 +127,8 @@ void set_gradient_divide_factor(torch::nn::Module& root, double factor);
 class UnshardHandle {
  public:
   UnshardHandle() = default;
+  // A handle on `unit`'s all-gather in flight (unshard() makes it); it does
+  // not keep the unit alive.
   explicit UnshardHandle(std::weak_ptr<FSDPUnit> unit);
   // Waits for the all-gather; the module's parameters are then whole.
   // Once; later calls (and a handle on a dead module) do nothing.
@@ -166,6 +170,8 @@ void reshard(const torch::nn::Module& module);
 void set_modules_to_forward_prefetch(
     const torch::nn::Module& module,
     const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+// The backward list of `module`, as described above: all-gathered, in this
+// order, when `module`'s backward begins.
 void set_modules_to_backward_prefetch(
     const torch::nn::Module& module,
     const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
@@ -201,12 +207,15 @@ MemoryStats memory_stats(torch::nn::Module& root);
 // High-water mark of all-gathered parameter bytes alive at once in this
 // process since the last reset.
 int64_t peak_unsharded_param_bytes();
+// Restarts that high-water mark from the bytes alive now (process-wide).
 void reset_peak_unsharded_param_bytes();
 
 // The engine's buffer pool (see BufferPoolStats), and a way to give the
 // buffers it keeps for the next step back to the system, e.g. after
 // training. Thread-safe.
 BufferPoolStats buffer_pool_stats();
+// Frees the buffers the pool keeps for reuse (kept_bytes becomes 0); buffers
+// in use are not touched and return to the pool when released.
 void release_buffer_pool();
 
 // The communication waits of `module`'s unit since its last reset. Throws
@@ -235,23 +244,26 @@ void load_full_state_dict(
 struct ShardInfo {
   std::string name;            // as root.named_parameters() names it
   at::Tensor shard;            // the optimizer's parameter (local rows)
-  std::vector<int64_t> global_shape;
+  std::vector<int64_t> global_shape;  // the unsharded parameter's shape
   int64_t rows = 0;            // global dim-0 size (1 for 0-d parameters)
   int64_t row_start = 0;       // first global row held here
-  int64_t local_rows = 0;
+  int64_t local_rows = 0;      // rows held here (0 on ranks past the end)
   // True on exactly one rank per distinct row range: replicas (NO_SHARD,
   // HYBRID_SHARD's other groups, parameters outside FSDP) are not primary.
   bool primary = true;
   // The ranks that hold the other rows (null: this rank holds them all), and
   // the padded rows per rank that an all-gather over that group exchanges.
   std::shared_ptr<comm::ProcessGroup> group;
-  int64_t shard_rows = 0;
+  int64_t shard_rows = 0;      // padded rows per rank (rows for a replica)
 };
 
 // The full value of a tensor shaped like `info.shard` (the shard itself, or
 // optimizer state that shards the same way), gathered over info.group.
 // Collective over that group.
 at::Tensor gather_rows(const ShardInfo& info, const at::Tensor& local);
+// One ShardInfo per parameter under `root`, in named_parameters() order.
+// `world_rank` decides `primary` for parameters outside FSDP (rank 0's
+// copy is primary). Local: no communication.
 std::vector<ShardInfo> shard_info(torch::nn::Module& root, int world_rank);
 
 namespace internal {

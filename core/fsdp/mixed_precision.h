@@ -13,6 +13,8 @@
 namespace fsdp2 {
 namespace fsdp {
 
+// The dtypes of a unit's gathered parameters, gradient reduction and root
+// outputs. Default-constructed: no casting at all (full precision).
 struct MixedPrecisionPolicy {
   // dtype of all-gathered (unsharded) parameters and hence of the forward and
   // backward compute. nullopt: the parameters' own dtype.

@@ -27,27 +27,42 @@
 namespace fsdp2 {
 namespace strategy {
 
+// Which launcher's variables Detect() read: none (kLocal, one process),
+// torchrun's (kTorchElastic, also fsdp2's launcher), SLURM's or Open MPI's.
 enum class ClusterKind { kLocal, kTorchElastic, kSlurm, kOpenMPI };
+// "local", "torchelastic", "slurm" or "openmpi" (static storage).
 const char* ToString(ClusterKind kind);
 
+// Who this process is in the job, as Detect() reads it from the launcher's
+// variables (the file comment lists them); each field's default is the
+// single-process value.
 struct ClusterEnvironment {
-  ClusterKind kind = ClusterKind::kLocal;
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int node_rank = 0;
+  ClusterKind kind = ClusterKind::kLocal;  // which launcher; default kLocal
+  int rank = 0;  // this process's global rank, 0 <= rank < world_size
+  int world_size = 1;  // processes in the job, >= 1
+  int local_rank = 0;  // the rank on this node (picks the GPU); default 0
+  int node_rank = 0;  // this node's number (GROUP_RANK, SLURM_NODEID, ...)
+  // Rank 0's host for the TCP store: MASTER_ADDR, SLURM's first node, or
+  // the default 127.0.0.1.
   std::string master_addr = "127.0.0.1";
+  // The store's port: MASTER_PORT, 15000 + job id % 5000 under SLURM, or
+  // the default 29500.
   int master_port = 29500;
   std::string store_path;  // FSDP2_STORE_PATH
 
+  // How Detect() reads a variable: its value, or nullptr when unset.
   using Getenv = std::function<const char*(const char*)>;
   // Reads the environment (`getenv` is replaceable for tests). Throws
   // std::invalid_argument naming the variable when a value is malformed,
   // out of range, or the master address cannot be known.
   static ClusterEnvironment Detect(const Getenv& getenv = ::getenv);
 
+  // The options comm::World's rendezvous takes: these rank, size, master
+  // and store path, with `timeout` and `backend` ("gloo" or "nccl").
   comm::RendezvousOptions ToRendezvous(std::chrono::milliseconds timeout,
                                        const std::string& backend) const;
+  // For logs, e.g. "slurm(rank=3, world_size=8, local_rank=3, node_rank=0,
+  // master=node1:15042)".
   std::string ToString() const;
 };
 

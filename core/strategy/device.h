@@ -41,6 +41,8 @@ c10::Device ResolveDevice(const std::string& device, int local_rank);
 // parallelize() warns on rank 0 when the policy's param_dtype is not
 // kFaster; the policy stays as asked.
 enum class LowPrecisionSpeed { kFaster, kNoFaster, kEmulated };
+// The class above of `dtype` on the CPU that `cpu_flags` and `cpu_vendor`
+// describe. Pure: reads nothing of the machine itself, so tests pass any.
 LowPrecisionSpeed LowPrecisionSpeedOn(at::ScalarType dtype,
                                       const std::string& cpu_flags,
                                       const std::string& cpu_vendor);

@@ -21,13 +21,16 @@
 namespace fsdp2 {
 namespace strategy {
 
+// How a DistributedSampler cuts the dataset into global batches.
 struct DistributedSamplerOptions {
-  int64_t global_batch_size = 1;
-  bool shuffle = true;
-  uint64_t seed = 0;
-  bool drop_last = true;
+  int64_t global_batch_size = 1;  // rows per step over all ranks; default 1
+  bool shuffle = true;  // a new permutation each epoch (default) or 0..n-1
+  uint64_t seed = 0;  // with the epoch, decides the permutation; default 0
+  bool drop_last = true;  // drop a last partial batch (default) or pad it
 };
 
+// This rank's share of each global batch (see the file comment). Copyable;
+// not thread-safe while set_epoch runs.
 class DistributedSampler {
  public:
   // Throws std::invalid_argument if the sizes are not positive, rank is out
@@ -35,9 +38,13 @@ class DistributedSampler {
   DistributedSampler(int64_t dataset_size, int rank, int world_size,
                      const DistributedSamplerOptions& options);
 
+  // Draws `epoch`'s order (from seed and epoch alone when shuffling): the
+  // same on every rank. The constructor starts at epoch 0.
   void set_epoch(int64_t epoch);
+  // The epoch the current order belongs to.
   int64_t epoch() const { return epoch_; }
   int64_t num_batches() const;  // global batches per epoch
+  // This rank's rows per global batch: global_batch_size / world_size.
   int64_t local_batch_size() const { return local_batch_; }
   // This rank's rows of global batch `batch` of the current epoch.
   std::vector<int64_t> local_batch(int64_t batch) const;

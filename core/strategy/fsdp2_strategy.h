@@ -55,10 +55,14 @@ namespace strategy {
 // "auto" or a positive number.
 struct ParallelSize {
   c10::optional<int> value;  // nullopt: auto
+  // "auto": the strategy derives the size in setup_environment().
   static ParallelSize Auto() { return {}; }
+  // Exactly `n` ranks; FSDP2Strategy's constructor refuses n < 1
+  // (InvalidArgumentError).
   static ParallelSize Of(int n) { return {n}; }
   // "auto" or an integer; throws std::invalid_argument otherwise.
   static ParallelSize Parse(const std::string& text);
+  // "auto" or the number, as Parse reads it.
   std::string ToString() const;
 };
 
@@ -85,7 +89,9 @@ void DefaultParallelize(const std::shared_ptr<torch::nn::Module>& model,
 // gradient reduction, fp32 outputs.
 fsdp::MixedPrecisionPolicy DefaultMixedPrecision();
 
-
+// How an FSDP2Strategy builds its mesh, shards, communicates, checkpoints
+// and seeds; each field's default below. The constructor and
+// setup_environment() / parallelize() validate them (see each field).
 struct FSDP2StrategyOptions {
   // The (dp, tp) device mesh: data_parallel_size x tensor_parallel_size
   // must equal the world size; ranks are laid out row-major, so the
@@ -104,11 +110,16 @@ struct FSDP2StrategyOptions {
   // setup_environment() (sizes) or parallelize() (the model's split) with
   // what to change.
   ParallelSize data_parallel_size;
-  ParallelSize tensor_parallel_size;
+  ParallelSize tensor_parallel_size;  // the tp dim, as above; default auto
   // Shuffling, seed and drop-last of process_dataloader()'s sampler.
   DistributedSamplerOptions data_sampler;
+  // Dtypes of compute, reduction and outputs; default DefaultMixedPrecision()
+  // (bf16 compute), an empty policy for fp32 throughout.
   fsdp::MixedPrecisionPolicy mp_policy = DefaultMixedPrecision();
+  // What FSDP shards (fsdp::ShardingStrategy); default full shard.
   fsdp::ShardingStrategy sharding_strategy = fsdp::ShardingStrategy::kFullShard;
+  // Free gathered parameters after forward; nullopt (default): the sharding
+  // strategy's choice (fsdp::FSDPOptions::reshard_after_forward).
   c10::optional<bool> reshard_after_forward;
   // 0, or reshard only down to groups of this many consecutive data-parallel
   // ranks (the ranks of a host), so backward all-gathers stay inside them:
@@ -137,6 +148,8 @@ struct FSDP2StrategyOptions {
   // "gloo" (host transports; device tensors are staged through host
   // memory) or "nccl" (CUDA builds; one GPU per rank).
   std::string backend = "gloo";
+  // How long rendezvous and each collective wait for the other ranks before
+  // failing; must be positive (InvalidArgumentError). Default 5 minutes.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // save_checkpoint's format; the target is a directory in both:
   // "sharded" (every rank writes its rows: DIR/rank<r>-of-<N>.safetensors
@@ -159,8 +172,8 @@ struct FSDP2StrategyOptions {
   // whatever the divisor. Bad values: std::invalid_argument from
   // parallelize().
   int forward_prefetch = 1;
-  int backward_prefetch = 1;
-  double gradient_divide_factor = 0;
+  int backward_prefetch = 1;  // backward's prefetch depth; default 1
+  double gradient_divide_factor = 0;  // 0 (default): the data-parallel size
   // Gradient accumulation (micro-batches that backward() with
   // sync_gradients = false): "local" keeps each unit's unsharded gradients
   // and communicates nothing until the last micro-batch (fewest bytes,
@@ -181,6 +194,8 @@ struct FSDP2StrategyOptions {
   // sharded module, or a listed unit that the pass reaches before the
   // unit: std::invalid_argument from parallelize().
   std::map<std::string, std::vector<std::string>> forward_prefetch_modules;
+  // Backward's lists, as above (fsdp::set_modules_to_backward_prefetch);
+  // default none.
   std::map<std::string, std::vector<std::string>> backward_prefetch_modules;
   // Parameters kept out of FSDP (fsdp::FSDPOptions::ignored_params), by
   // name as the model's named_parameters() names them or by glob patterns
@@ -196,6 +211,8 @@ struct FSDP2StrategyOptions {
   // equals one process; one all-reduce per parameter). A pattern that
   // matches no parameter: std::invalid_argument from parallelize().
   std::vector<std::string> ignored_params;
+  // Whether backward() all-reduces the ignored parameters' gradients (see
+  // above); default false, PyTorch's behaviour.
   bool ignored_params_all_reduce = false;
   // Parameters to train not at all (fine-tuning part of a model), by name
   // or glob pattern as for ignored_params. parallelize() sets them
@@ -211,10 +228,15 @@ struct FSDP2StrategyOptions {
 // cut into global batches by a DistributedSampler.
 class DataLoader {
  public:
+  // Holds `dataset` (whole, on every rank) and reads this rank's rows of each
+  // global batch as `sampler` says; process_dataloader() builds one.
   DataLoader(Batch dataset, DistributedSampler sampler);
+  // Global batches per epoch.
   int64_t num_batches() const { return sampler_.num_batches(); }
   Batch batch(int64_t index) const;  // this rank's rows of global batch
+  // Reshuffles for `epoch` (the order depends only on the seed and epoch).
   void set_epoch(int64_t epoch) { sampler_.set_epoch(epoch); }
+  // The sampler that picks this rank's rows (local_batch_size(), epoch()).
   const DistributedSampler& sampler() const { return sampler_; }
 
  private:
@@ -222,8 +244,13 @@ class DataLoader {
   DistributedSampler sampler_;
 };
 
+// Trains a TrainingModule with FSDP2 on this rank (see the file comment for
+// its life). Not copyable; one thread at a time.
 class FSDP2Strategy {
  public:
+  // Keeps `options` and checks what can be checked alone (positive sizes,
+  // shard_group_size >= 0, no cpu_offload, backend, checkpoint_format,
+  // timeout, gradient_accumulation): InvalidArgumentError. No communication.
   explicit FSDP2Strategy(FSDP2StrategyOptions options = {});
   ~FSDP2Strategy();
   FSDP2Strategy(const FSDP2Strategy&) = delete;
@@ -232,6 +259,10 @@ class FSDP2Strategy {
   // Reads the cluster environment, joins the process group, builds the
   // (dp, tp) device mesh and seeds every rank alike.
   void setup_environment();
+  // Attaches the module to train (the strategy shares ownership). Before
+  // parallelize(); a later call replaces the module. InvalidArgumentError
+  // for a null module or one without a model, FailedPreconditionError once
+  // parallelized.
   void connect(std::shared_ptr<TrainingModule> module);
   // Lightning's tensor_init_context(): while the returned guard lives,
   // tensors this thread creates are deferred (meta tensors, no memory; see
@@ -271,6 +302,8 @@ class FSDP2Strategy {
   double optimizer_step(double max_grad_norm = 0);
   // Without gradients; the loss averaged over the data-parallel ranks.
   at::Tensor validation_step(const Batch& batch, int64_t batch_idx);
+  // As validation_step, through the module's test_step. Collective; after
+  // parallelize() (else FailedPreconditionError).
   at::Tensor test_step(const Batch& batch, int64_t batch_idx);
   // Without gradients; this rank's predictions.
   at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
@@ -284,6 +317,8 @@ class FSDP2Strategy {
   // Keeps `state` and applies it at the next training_step, once (the
   // optimizer only has state after parallelize()).
   void load_optimizer_state_dict(std::string state);
+  // Whether a state given to load_optimizer_state_dict waits for the next
+  // training_step (load_checkpoint and teardown() drop it).
   bool has_pending_optimizer_state() const { return pending_optimizer_state_.has_value(); }
 
   // Full (unsharded) parameters by name, gathered over data- and
@@ -349,6 +384,8 @@ class FSDP2Strategy {
   // refuses other paths.
   void remove_checkpoint(const std::string& path);
 
+  // Returns once every rank has called it. Collective; after
+  // setup_environment() (else FailedPreconditionError).
   void barrier();
   // `tensor` from `src` (a world rank) on every rank, in place.
   void broadcast(at::Tensor& tensor, int src = 0);
@@ -357,18 +394,22 @@ class FSDP2Strategy {
   // Ends the step counters, drops the optimizer and the process groups.
   void teardown();
 
+  // The progress counters that checkpoints save and restore.
   struct EpochStep {
-    int64_t epoch = 0;
+    int64_t epoch = 0;  // as set_epoch() last set it (0 at first)
     int64_t step = 0;  // optimizer steps taken
   };
+  // The counters now (load_checkpoint restores them).
   EpochStep current_epoch_step() const { return {epoch_, global_step_}; }
+  // Sets the epoch counter only (no reshuffle: DataLoader::set_epoch does
+  // that); not checked, the C ABI refuses negatives.
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
 
   // A parameter as the model was built, before parallelize() sharded it.
   struct ParameterInfo {
-    std::string name;
-    std::vector<int64_t> shape;
-    at::ScalarType dtype;
+    std::string name;  // as the model's named_parameters() names it
+    std::vector<int64_t> shape;  // the global (unsharded) shape
+    at::ScalarType dtype;  // the parameter's own dtype (not the compute dtype)
   };
   // What this rank holds now (see StrategyMemoryStats): the sharded
   // engine's bytes, the optimizer's state (0 after teardown()), the model's
@@ -395,22 +436,34 @@ class FSDP2Strategy {
     return checkpointed_modules_;
   }
 
+  // The options the strategy was made with.
   const FSDP2StrategyOptions& options() const { return options_; }
   // The device this rank trains on (options().device resolved by
   // setup_environment(); the CPU before it).
   const at::Device& device() const { return device_; }
   // `batch` on device(): the same tensors on the CPU, copies on a GPU.
   Batch to_device(const Batch& batch) const;
+  // Who this process is in the job, as setup_environment() read it (the
+  // single-process defaults before).
   const ClusterEnvironment& cluster() const { return cluster_; }
+  // Every rank's process group; null before setup_environment().
   const std::shared_ptr<comm::World>& world() const { return world_; }
+  // The (dp, tp) device mesh; null before setup_environment().
   const std::shared_ptr<comm::DeviceMesh>& mesh() const { return mesh_; }
   // The mesh fully_shard shards over: mesh() itself, or with HYBRID_SHARD
   // (replicate, shard).
   const std::shared_ptr<comm::DeviceMesh>& fsdp_mesh() const { return fsdp_mesh_; }
+  // This rank's coordinate on the mesh's "dp" dim. After setup_environment()
+  // (else FailedPreconditionError).
   int data_parallel_rank() const;
+  // The resolved data-parallel size; 0 before setup_environment().
   int data_parallel_size() const { return dp_size_; }
+  // The resolved tensor-parallel size; 0 before setup_environment().
   int tensor_parallel_size() const { return tp_size_; }
+  // The optimizer over the local shards. FailedPreconditionError before
+  // parallelize() or after teardown().
   torch::optim::Optimizer& optimizer();
+  // The connected module; FailedPreconditionError before connect().
   TrainingModule& module();
 
  private:

@@ -31,11 +31,18 @@
 namespace fsdp2 {
 namespace strategy {
 
+// A torch::optim::AdamW whose step() is fused (see the file comment): a
+// drop-in, bit-identical replacement with the same state dict.
 class FusedAdamW : public torch::optim::AdamW {
  public:
+  // As torch::optim::AdamW's constructor: one group over `params`.
   FusedAdamW(std::vector<at::Tensor> params, torch::optim::AdamWOptions options)
       : torch::optim::AdamW(std::move(params), std::move(options)) {}
 
+  // One AdamW step over every parameter with a gradient: the GPU kernel
+  // (only without a closure), the fused CPU pass, or LibTorch's step where
+  // neither applies. Returns
+  // the closure's loss (undefined without a closure), as AdamW::step does.
   at::Tensor step(LossClosure closure = nullptr) override;
 
  private:

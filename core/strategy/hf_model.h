@@ -16,6 +16,8 @@
 namespace fsdp2 {
 namespace strategy {
 
+// The interface a Hugging Face-backed TrainingModule also implements (see
+// the file comment); FSDP2Strategy finds it with dynamic_cast.
 class HfModel {
  public:
   virtual ~HfModel() = default;

@@ -29,6 +29,9 @@
 namespace fsdp2 {
 namespace strategy {
 
+// Zeroes gradients by freeing them and gives a zero .grad back, at the next
+// step, only to the parameters that got no gradient (see the file comment).
+// Not thread-safe; one per optimizer.
 class LazyZeroGrad {
  public:
   // Frees the .grad of every parameter of `optimizer` that has one; each

@@ -43,9 +43,9 @@ struct StrategyMemoryStats {
   // (tensors and its cache), and their peaks since parallelize() or the
   // last reset_peak_memory_stats(). All 0 on the CPU.
   int64_t device_allocated_bytes = 0;
-  int64_t device_reserved_bytes = 0;
-  int64_t peak_device_allocated_bytes = 0;
-  int64_t peak_device_reserved_bytes = 0;
+  int64_t device_reserved_bytes = 0;  // held from the driver: tensors and cache
+  int64_t peak_device_allocated_bytes = 0;  // the most device_allocated_bytes
+  int64_t peak_device_reserved_bytes = 0;  // the most device_reserved_bytes
 };
 
 // Bytes of the tensors in `optimizer`'s per-parameter state (Adam(W):
@@ -59,9 +59,11 @@ int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer);
 // together from /proc/self/status (so peak >= now); 0 where that file is
 // missing (not Linux).
 struct ResidentMemory {
-  int64_t rss_bytes = 0;
-  int64_t peak_rss_bytes = 0;
+  int64_t rss_bytes = 0;  // VmRSS: resident now
+  int64_t peak_rss_bytes = 0;  // VmHWM: the most resident since start or reset
 };
+// Reads both from /proc/self/status (zeros where it is missing or
+// unreadable; it reports no error). Cheap: one small file read.
 ResidentMemory ProcessResidentMemory();
 // The caching allocator's statistics of `device` (a GPU; nothing for the
 // CPU): fills the device_* fields of `stats`.

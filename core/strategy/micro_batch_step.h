@@ -24,10 +24,11 @@ namespace strategy {
 
 // A micro-batch and the batch index its training_step receives.
 struct MicroBatch {
-  Batch batch;
-  int64_t batch_idx = 0;
+  Batch batch;  // the tensors training_step gets, on the host or the device
+  int64_t batch_idx = 0;  // passed through to training_step; default 0
 };
 
+// What MicroBatchStep reports; the loss is this rank's only.
 struct MicroBatchStepResult {
   double local_loss = 0;  // this rank's mean micro-batch loss (not reduced)
   double grad_norm = 0;   // as optimizer_step returns it
@@ -46,6 +47,7 @@ MicroBatchStepResult MicroBatchStep(FSDP2Strategy& strategy, int num_micro_batch
 // non-empty parts.
 std::vector<Batch> SplitRows(const Batch& batch, int k);
 
+// What TrainingStepOnRows reports: the same on every rank.
 struct TrainingStepResult {
   double loss = 0;       // mean over micro-batches and data-parallel ranks
   double grad_norm = 0;  // before clipping (0 when not clipping)

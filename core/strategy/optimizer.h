@@ -18,16 +18,22 @@
 namespace fsdp2 {
 namespace strategy {
 
+// The optimizer MakeOptimizer builds: AdamW (as FusedAdamW), torch's Adam
+// or torch's SGD.
 enum class OptimizerKind { kAdamW, kAdam, kSGD };
 
 // "adamw", "adam" or "sgd". Throws std::invalid_argument naming the choices.
 OptimizerKind ParseOptimizerKind(const std::string& name);
+// "adamw", "adam" or "sgd" (static storage): ParseOptimizerKind's input.
 const char* ToString(OptimizerKind kind);
 
+// An optimizer and its hyper-parameters; the defaults are the C ABI's.
 struct OptimizerOptions {
-  OptimizerKind kind = OptimizerKind::kAdamW;
-  double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam and AdamW
+  OptimizerKind kind = OptimizerKind::kAdamW;  // default AdamW
+  double lr = 1e-3;  // learning rate; default 1e-3
+  double beta1 = 0.9;  // Adam and AdamW: first-moment decay; default 0.9
+  double beta2 = 0.999;  // Adam and AdamW: second-moment decay; default 0.999
+  double eps = 1e-8;  // Adam and AdamW
   double weight_decay = 0.01;  // decoupled for AdamW; an L2 term for Adam, SGD
   double momentum = 0;         // SGD
 };

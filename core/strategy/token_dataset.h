@@ -22,18 +22,21 @@
 namespace fsdp2 {
 namespace strategy {
 
+// The file's token type: uint8 (a text file's bytes), uint16 or int32,
+// native byte order.
 enum class TokenType { kUInt8, kUInt16, kInt32 };
 
 // Bytes per token of `type`.
 int64_t TokenSize(TokenType type);
 
+// How a token file is read and cut into windows.
 struct TokenDatasetOptions {
-  TokenType token_type = TokenType::kUInt8;
+  TokenType token_type = TokenType::kUInt8;  // default uint8
   int64_t block_size = 64;  // tokens per input row
   // The share of the file's windows to use, [begin, end): e.g. [0, 0.9)
   // for training and [0.9, 1) for validation.
-  double begin_fraction = 0;
-  double end_fraction = 1;
+  double begin_fraction = 0;  // default 0: from the first window
+  double end_fraction = 1;  // exclusive; default 1: to the last window
 };
 
 // The windows [rows, block_size + 1] of the file's chosen fraction, over a
@@ -48,12 +51,18 @@ at::Tensor MapTokenWindows(const std::string& path, const TokenDatasetOptions& o
 // This data-parallel rank's batches of a token file's windows.
 class TokenLoader {
  public:
+  // A loader over `windows` (a DataLoader of [rows, block_size + 1] token
+  // windows, as MakeTokenLoader builds it) of `token_type` tokens.
   TokenLoader(DataLoader windows, TokenType token_type, int64_t block_size);
+  // Global batches per epoch (the sampler's drop_last decides a partial one).
   int64_t num_batches() const { return windows_.num_batches(); }
   // {inputs, targets}, int64 [local rows, block_size]. Throws
   // InvalidArgumentError for an index outside 0..num_batches()-1.
   Batch batch(int64_t index) const;
+  // Reshuffles the windows for `epoch` (the order depends only on the seed
+  // and epoch, the same on every rank).
   void set_epoch(int64_t epoch) { windows_.set_epoch(epoch); }
+  // Tokens per input row (each window holds one more).
   int64_t block_size() const { return block_size_; }
 
  private:

@@ -22,7 +22,10 @@ namespace strategy {
 // A batch: the tensors a step needs (e.g. {inputs, targets}), this rank's rows.
 using Batch = std::vector<at::Tensor>;
 
+// Which step the strategy runs: selects the module's *_step method and its
+// loss_reduction().
 enum class StepType { kTraining, kValidation, kTest, kPredict };
+// "training", "validation", "test" or "predict" (static storage).
 const char* ToString(StepType step);
 
 // Turns a step's output into the loss, and combines losses for reporting
@@ -37,6 +40,8 @@ class LossReduction {
   virtual at::Tensor reduce(const std::vector<at::Tensor>& losses);
 };
 
+// The user's model and step logic (the LightningModule role; see the file
+// comment). The strategy holds it by shared_ptr and calls it from one thread.
 class TrainingModule {
  public:
   virtual ~TrainingModule() = default;
@@ -47,7 +52,10 @@ class TrainingModule {
   // Each returns the loss of `batch` (a scalar), or, when loss_reduction()
   // gives a reduction for that step, whatever that reduction consumes.
   virtual at::Tensor training_step(const Batch& batch, int64_t batch_idx) = 0;
+  // As training_step, run without gradients. The default throws
+  // InvalidArgumentError (the module has no validation step).
   virtual at::Tensor validation_step(const Batch& batch, int64_t batch_idx);
+  // As validation_step; the default calls validation_step.
   virtual at::Tensor test_step(const Batch& batch, int64_t batch_idx);
   // The prediction for this rank's rows.
   virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);

@@ -53,10 +53,10 @@ bool is_tensor_parallel(const torch::nn::Module& module);
 // blocks of `dim` put back together (see full_from_local / local_from_full).
 struct ShardedParameter {
   std::string name;  // as root.named_parameters() names it
-  int64_t dim = 0;
-  int64_t fused_parts = 1;
+  int64_t dim = 0;  // the split dim (Linear: 0 column-wise, 1 row-wise; Embedding: reverse)
+  int64_t fused_parts = 1;  // fused blocks split separately (ParallelStyle)
   std::vector<int64_t> full_shape;  // before the split
-  std::shared_ptr<comm::ProcessGroup> group;
+  std::shared_ptr<comm::ProcessGroup> group;  // the tensor-parallel group
 };
 
 // Every tensor-parallel parameter under `root`, in module order. Parameters
@@ -67,6 +67,7 @@ std::vector<ShardedParameter> sharded_parameters(torch::nn::Module& root);
 // and this rank's block of a full value (throws std::invalid_argument naming
 // the parameter when `full` is not p.full_shape).
 at::Tensor full_from_local(const ShardedParameter& p, const at::Tensor& local);
+// This rank's block of `full`, as a new tensor; local (no communication).
 at::Tensor local_from_full(const ShardedParameter& p, const at::Tensor& full);
 
 namespace internal {

@@ -35,13 +35,20 @@
 namespace fsdp2 {
 namespace tp {
 
+// How one Linear or Embedding is split over the tensor-parallel group (the
+// styles above). Build it with Colwise() or Rowwise().
 struct ParallelStyle {
+  // Which dimension is split: column-wise (output features; an Embedding's
+  // dims) or row-wise (input features; an Embedding's vocabulary rows).
   enum class Kind { kColwise, kRowwise };
-  Kind kind = Kind::kColwise;
+  Kind kind = Kind::kColwise;  // default: column-wise
   bool gather_output = false;    // column-wise only
   bool input_is_sharded = true;  // row-wise Linear only
   int64_t fused_parts = 1;       // column-wise Linear only
 
+  // Column-wise; gather_output all-gathers the output features (default:
+  // each rank keeps its block); fused_parts splits that many fused row
+  // blocks separately (Linear only; default 1: not fused).
   static ParallelStyle Colwise(bool gather_output = false,
                                int64_t fused_parts = 1) {
     ParallelStyle s;
@@ -50,12 +57,16 @@ struct ParallelStyle {
     s.fused_parts = fused_parts;
     return s;
   }
+  // Row-wise; input_is_sharded false makes a Linear slice a replicated input
+  // itself (default true: the input is a column-wise layer's sharded output).
   static ParallelStyle Rowwise(bool input_is_sharded = true) {
     ParallelStyle s;
     s.kind = Kind::kRowwise;
     s.input_is_sharded = input_is_sharded;
     return s;
   }
+  // For messages, e.g. "Colwise(gather_output=0, fused_parts=3)" or
+  // "Rowwise(input_is_sharded=1)".
   std::string ToString() const;
 };
 
@@ -63,9 +74,12 @@ struct ParallelStyle {
 // names it ("blocks.0.attn.qkv"); a "*" component matches any one component
 // ("blocks.*.attn.qkv").
 struct PlanEntry {
-  std::string pattern;
-  ParallelStyle style;
+  std::string pattern;  // the module path, "*" for any one component
+  ParallelStyle style;  // how every module it matches is split
 };
+// A model's plan: every entry must match at least one module
+// (parallelize_module throws otherwise); modules no entry matches stay
+// replicated over the tensor-parallel ranks.
 using TensorParallelPlan = std::vector<PlanEntry>;
 
 // Implemented by models that can be tensor-parallel (alongside

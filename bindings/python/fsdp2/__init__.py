@@ -48,6 +48,10 @@ class Error(Exception):
     library's message."""
 
     def __init__(self, status_code, status, message):
+        """Made by the bindings when a C call fails, as the subclass of its
+        status. `status_code`: the fsdp2_status_t value (int); `status`: its
+        name, e.g. "FSDP2_ERROR_SHAPE"; `message`: fsdp2_last_error()'s text.
+        str(error) is "<status>: <message>"; the three stay attributes."""
         super().__init__(f"{status}: {message}")
         self.status_code = status_code
         self.status = status
@@ -116,6 +120,9 @@ def version():
 
 
 def abi_version():
+    """The loaded library's C ABI version as one int, major * 1000 + minor
+    (1008 for ABI 1.8; fsdp2_abi_version). Importing fsdp2 already raises
+    ImportError when it does not fit the bindings."""
     return _c.fsdp2_abi_version()
 
 
@@ -219,6 +226,14 @@ class Optimizer:
     "adam", "sgd"), lr, beta1, beta2, eps, weight_decay, momentum."""
 
     def __init__(self, kind="adamw", **options):
+        """`kind`: "adamw" (default), "adam" or "sgd". Keyword options and
+        their defaults (fsdp2_optimizer_options_init): lr=1e-3, beta1=0.9,
+        beta2=0.999, eps=1e-8 (beta1, beta2 and eps: Adam(W) only),
+        weight_decay=0.01 (also applied by Adam and SGD, as an L2 term),
+        momentum=0 (SGD only). An unknown kind or key, or a value of the
+        wrong type, raises InvalidArgumentError here; values out of range
+        (lr <= 0, betas outside [0, 1), eps <= 0, negative weight_decay or
+        momentum) raise it from FSDP2Strategy.connect()."""
         self._options = _c.fsdp2_optimizer_options_t()
         _c.fsdp2_optimizer_options_init(self._options)
         _c.fsdp2_optimizer_options_from_json(_options_json(dict(kind=kind, **options)),
@@ -226,6 +241,7 @@ class Optimizer:
 
     @property
     def lr(self):
+        """The learning rate (float) the optimizer will be built with."""
         return self._options.lr
 
 
@@ -304,6 +320,10 @@ class StepResult(float):
     """A training step's loss (a float) with .loss, .grad_norm and .step."""
 
     def __new__(cls, loss, grad_norm, step):
+        """Made by training_step(_loader): `loss` (float, the mean over
+        micro-batches and data-parallel ranks, also the value of the float
+        itself), `grad_norm` (global norm before clipping; 0.0 without
+        clipping) and `step` (int, optimizer steps taken so far)."""
         obj = super().__new__(cls, loss)
         obj.loss, obj.grad_norm, obj.step = loss, grad_norm, step
         return obj
@@ -319,6 +339,10 @@ class TokenDataLoader(_Handle):
         return _c.fsdp2_dataloader_num_batches(self.handle)
 
     def set_epoch(self, epoch):
+        """Reshuffles the windows for `epoch` (an int >= 0; the order depends
+        only on the strategy's seed and the epoch, the same on every rank).
+        Call it on every rank before each epoch. A negative epoch raises
+        InvalidArgumentError, a closed loader InvalidHandleError."""
         _c.fsdp2_dataloader_set_epoch(self.handle, int(epoch))
 
 
@@ -377,6 +401,39 @@ class FSDP2Strategy(_Handle):
     _destroy = staticmethod(_c.fsdp2_strategy_destroy)
 
     def __init__(self, **options):
+        """Creates the strategy (no communication yet) from keyword options,
+        the keys of fsdp2_strategy_options_from_json; unset ones keep these
+        defaults (fsdp2_strategy_options_init):
+
+        - data_parallel_size="auto", tensor_parallel_size="auto": "auto" or
+          a positive int; both auto is dp = world size, tp = 1.
+        - sharding_strategy="full_shard": or "shard_grad_op", "no_shard",
+          "hybrid_shard".
+        - reshard_after_forward=None: the sharding strategy's choice; True,
+          False, or an int k >= 2 (reshard only to groups of k ranks).
+        - shard_group_size=0: hybrid_shard's ranks per group (0: a host's).
+        - precision="bf16": or "fp32".
+        - cpu_offload=False: True is refused (InvalidArgumentError).
+        - device="auto": or "cpu", "cuda", "cuda:K".
+        - backend="gloo": or "nccl".
+        - timeout_ms=300000: collectives and rendezvous (5 minutes), > 0.
+        - checkpoint_format="sharded": or "full".
+        - seed=0; shuffle=True; drop_last=True (False pads the last batch).
+        - activation_checkpointing="none": or "full", "selective", or
+          False/True; ac_every=2 (selective: every k-th block, >= 1).
+        - forward_prefetch=1, backward_prefetch=1: units gathered ahead, >= 0.
+        - gradient_accumulation="local": or "sharded".
+        - gradient_divide_factor=0: 0 is the data-parallel size (the mean),
+          1 the sum.
+        - ignored_params=None, frozen_params=None: a list of names or glob
+          patterns, or one comma-separated string.
+        - ignored_params_all_reduce=False.
+        - forward_prefetch_modules=None, backward_prefetch_modules=None: a
+          dict such as {"blocks.0": ["blocks.1"]}, or the C string form.
+
+        See the class docstring for what each does. An unknown key, a wrong
+        type or a bad value raises InvalidArgumentError; a value json cannot
+        encode raises TypeError."""
         opts = _c.fsdp2_strategy_options_t()
         _c.fsdp2_strategy_options_init(opts)
         _c.fsdp2_strategy_options_from_json(_options_json(options), opts)
@@ -393,18 +450,28 @@ class FSDP2Strategy(_Handle):
 
     @property
     def rank(self):
+        """This process's global rank (int). WrongOrderError before
+        setup_environment()."""
         return self._rank_info()[0]
 
     @property
     def world_size(self):
+        """The number of ranks in the job (int). WrongOrderError before
+        setup_environment()."""
         return self._rank_info()[1]
 
     @property
     def data_parallel_rank(self):
+        """This rank's index among the data-parallel ranks (int), which
+        decides its rows of each global batch. WrongOrderError before
+        setup_environment()."""
         return self._rank_info()[2]
 
     @property
     def data_parallel_size(self):
+        """The number of data-parallel ranks (int): world_size divided by
+        the tensor-parallel size. WrongOrderError before
+        setup_environment()."""
         return self._rank_info()[3]
 
     @contextlib.contextmanager
@@ -451,6 +518,11 @@ class FSDP2Strategy(_Handle):
         return _c.fsdp2_strategy_validation_step(self.handle, _batch(batch), int(batch_idx))
 
     def test_step(self, batch, batch_idx=0):
+        """Collective. As validation_step, through the model's test step:
+        the loss of `batch` (an array or a list of arrays, this rank's rows)
+        without gradients, averaged over the data-parallel ranks, as a
+        float. WrongOrderError before parallelize(); ShapeError for arrays
+        the model cannot take."""
         return _c.fsdp2_strategy_test_step(self.handle, _batch(batch), int(batch_idx))
 
     def predict_step(self, batch, batch_idx=0):
@@ -483,6 +555,14 @@ class FSDP2Strategy(_Handle):
 
     def training_step_loader(self, loader, batch_idx, accumulate_grad_batches=1,
                              gradient_clip_val=0.0):
+        """Collective. As training_step on global batch `batch_idx` of
+        `loader` (a TokenDataLoader of this strategy), read natively without
+        copying through Python; returns a StepResult. accumulate_grad_batches
+        (default 1) splits this rank's rows into that many micro-batches
+        (ShapeError unless they divide evenly); gradient_clip_val (default
+        0.0: none) is the global max norm. InvalidArgumentError for a
+        batch_idx outside range(len(loader)), WrongOrderError before
+        parallelize()."""
         options = _c.fsdp2_step_options_t()
         _c.fsdp2_step_options_init(options)
         options.accumulate_grad_batches = int(accumulate_grad_batches)
@@ -492,6 +572,11 @@ class FSDP2Strategy(_Handle):
         return StepResult(loss, norm, step)
 
     def validation_step_loader(self, loader, batch_idx):
+        """Collective. As validation_step on global batch `batch_idx` of
+        `loader`: the loss without gradients, averaged over the
+        data-parallel ranks, as a float. InvalidArgumentError for a
+        batch_idx outside range(len(loader)), WrongOrderError before
+        parallelize()."""
         return _c.fsdp2_strategy_validation_step_loader(self.handle, loader.handle,
                                                         int(batch_idx))
 
@@ -519,12 +604,25 @@ class FSDP2Strategy(_Handle):
 
     @property
     def checkpoint_in_flight(self):
+        """True while this rank is still writing a background save
+        (save_checkpoint(asynchronous=True)), else False. Local."""
         return bool(_c.fsdp2_strategy_checkpoint_in_flight(self.handle))
 
     def load_checkpoint(self, path):
+        """Collective. Loads a checkpoint of either format, saved on any
+        number of ranks, into the parallelized model and optimizer, and
+        restores current_epoch_step; a pending optimizer state is dropped.
+        Waits for a background save first. Every checksum is verified; on
+        error the model is unchanged. FileError for a missing or corrupt
+        checkpoint, WrongOrderError before parallelize() or after
+        teardown()."""
         _c.fsdp2_strategy_load_checkpoint(self.handle, os.fspath(path))
 
     def remove_checkpoint(self, path):
+        """Collective. Deletes the checkpoint at `path` (rank 0 does, after
+        a barrier; a background save is waited for first). Refuses, with
+        FileError on every rank, a path that is not an fsdp2 checkpoint.
+        WrongOrderError before setup_environment()."""
         _c.fsdp2_strategy_remove_checkpoint(self.handle, os.fspath(path))
 
     def optimizer_state_dict(self):
@@ -537,9 +635,15 @@ class FSDP2Strategy(_Handle):
 
     @property
     def has_pending_optimizer_state(self):
+        """True while a state given to load_optimizer_state_dict waits to be
+        applied at the next training step, else False."""
         return bool(_c.fsdp2_strategy_has_pending_optimizer_state(self.handle))
 
     def parameter_names(self):
+        """The model's parameter names (a list of str), in its
+        named_parameters() order, as before sharding: the keys of
+        lightning_module_state_dict(). WrongOrderError before
+        parallelize()."""
         return [info[0] for info in self._parameter_infos()]
 
     def _parameter_infos(self):
@@ -609,12 +713,22 @@ class FSDP2Strategy(_Handle):
         return tuple(_c.fsdp2_strategy_current_epoch_step(self.handle))
 
     def set_epoch(self, epoch):
+        """Sets the epoch counter (an int >= 0, else InvalidArgumentError)
+        that checkpoints save and current_epoch_step reports. It does not
+        reshuffle a loader: call TokenDataLoader.set_epoch for that."""
         _c.fsdp2_strategy_set_epoch(self.handle, int(epoch))
 
     def barrier(self):
+        """Collective. Returns once every rank has called it.
+        WrongOrderError before setup_environment(); CommunicationError when
+        a rank does not arrive within timeout_ms."""
         _c.fsdp2_strategy_barrier(self.handle)
 
     def teardown(self):
+        """Waits for a background save (raising its error), then drops the
+        optimizer and any pending optimizer state: the strategy can no
+        longer train or load checkpoints. close() tears down as well and
+        frees the handle."""
         _c.fsdp2_strategy_teardown(self.handle)
 
 
