@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/ratio_chart.h"
 #include "core/checkpoint/full_checkpoint.h"
 #include "core/checkpoint/hf_checkpoint.h"
 #include "core/checkpoint/safetensors.h"
@@ -339,6 +340,8 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   const std::vector<int64_t> nprocs = flags.IntList("nprocs", {1, 2, 4}, "rank counts");
   const int repeats = flags.Int("repeats", 3, "repeats per rank count (medians printed)");
   const models::GPTConfig config = ReadGPTConfig(flags, Gpt85M());
+  const std::string svg = flags.String(
+      "svg", "", "also write the ratios to the disk as an SVG bar chart to this file");
   flags.Finish();
   std::string dir = dir_flag;
   if (dir.empty()) {
@@ -365,6 +368,7 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   auto args = GPTConfigArgs(config);
   args.insert(args.begin(), {"--dir", dir, "--repeats", std::to_string(repeats)});
   double resident = 0;
+  std::vector<ChartBar> bars;  // each format's save and load against the disk
   for (int64_t n : nprocs) {
     const Results r =
         RunConfiguration(self, static_cast<int>(n), std::max(1, Cores() / int(n)), args);
@@ -385,6 +389,9 @@ int RunParent(flags::Flags& flags, const std::string& self) {
                   load_bw, read_bw, load_bw / read_bw, keep_bw, load_bw / keep_bw,
                   stall < 0 ? "" : std::to_string(int(stall * 1e3 + 0.5)).c_str());
       std::fflush(stdout);
+      const std::string group = "N = " + std::to_string(n);
+      bars.push_back({group, std::string(format) + " save / disk write", save_bw / write_bw});
+      bars.push_back({group, std::string(format) + " load / disk read", load_bw / read_bw});
     };
     line("sharded", Value(r, "sharded_bytes"), "sharded_save_s", "sharded_load_s", "",
          Value(r, "disk_bytes_per_rank") * n, Median(Values(r, "stall_s")));
@@ -403,6 +410,17 @@ int RunParent(flags::Flags& flags, const std::string& self) {
       "of the one file; compared with the one-writer and one-reader figures.\n"
       "stall: the training thread's part of a background sharded save. Largest share of the files' pages still cached before a read: %.1f%%\n",
       resident * 100);
+  if (!svg.empty()) {
+    char caption[256];
+    std::snprintf(caption, sizeof(caption),
+                  "bench/checkpoint: %s + AdamW; %d cores; %d repeats, medians; %s (%s)",
+                  config.ToString().c_str(), Cores(), repeats, dir.c_str(),
+                  FilesystemOf(dir).c_str());
+    WriteChart(svg, RatioChartSvg("checkpoint MB/s against the disk's own, same writers "
+                                  "and readers (1 = disk speed)",
+                                  caption, bars));
+    std::printf("chart: %s\n", svg.c_str());
+  }
   if (dir_flag.empty()) fs::remove_all(dir);
   return 0;
 }

@@ -33,6 +33,7 @@
 
 #include "bench/bench_util.h"
 #include "bench/isa_peak.h"
+#include "bench/ratio_chart.h"
 #include "bench/train_rank.h"
 #include "core/flags/flags.h"
 #include "core/launch/allocator.h"
@@ -132,6 +133,8 @@ int RunParent(flags::Flags& flags, const std::string& self) {
                                  "the ceiling of engine / DDP") != 0;
   const bool torch_fsdp2 = flags.Int("torch-fsdp2", 1,
                                      "1: also PyTorch's own FSDP2 (fully_shard, gloo)") != 0;
+  const std::string svg = flags.String(
+      "svg", "", "also write the comparisons with PyTorch as an SVG bar chart to this file");
   flags.Finish();
   const int cores = Cores();
   bool want_python = python_ddp == "1" || (python_ddp == "auto" && PythonTorchAvailable());
@@ -317,10 +320,26 @@ int RunParent(flags::Flags& flags, const std::string& self) {
   // kernel counts it).
   const std::vector<std::pair<std::string, std::string>> fsdp2_targets = {
       {"3m", "1.05"}, {"85m", "1.2"}};
+  // The chart: each model's N = 2 FULL_SHARD against PyTorch, > 1 where
+  // fsdp2 is faster or smaller.
+  std::vector<ChartBar> bars;
   for (const auto& [model, target] : fsdp2_targets) {
     const std::string name = model == "3m" ? "3.3M" : "85M";
     const Cell* ours = find(model, "fp32", 2, "full_shard");
     const Cell* theirs = find(model, "fp32", 2, kTorchFsdp2);
+    if (ours) {
+      const std::string group = name + " GPT, fp32, 2 ranks, FULL_SHARD";
+      auto speed = [&](const char* label, const Cell* other) {
+        if (other) bars.push_back({group, label, TokensPerS(*ours) / TokensPerS(*other)});
+      };
+      speed("tokens/s / PyTorch FSDP2's", theirs);
+      speed("tokens/s / PyTorch DDP's", find(model, "fp32", 2, kDdp));
+      speed("tokens/s / PyTorch without communication", find(model, "fp32", 2, kNoComm));
+      if (theirs) {
+        bars.push_back({group, "PyTorch FSDP2's peak RSS / fsdp2's",
+                        theirs->peak_process_mib / ours->peak_process_mib});
+      }
+    }
     ratio_line(name + " fp32 N=2 FULL_SHARD / PyTorch FSDP2 tokens/s", ours, theirs, true,
                "target >= " + target);
     ratio_line(name + " fp32 N=2 FULL_SHARD / PyTorch no comm tokens/s", ours,
@@ -393,6 +412,16 @@ int RunParent(flags::Flags& flags, const std::string& self) {
                 torch_version.c_str());
   }
   std::printf("load at the end: %s\n", LoadAverage().c_str());
+  if (!svg.empty()) {
+    std::ostringstream caption;
+    caption << "bench/matrix: " << cores << " cores, bf16 " << Bf16Support() << "; "
+            << warmup << "+" << steps << " steps x " << rounds
+            << " rounds; PyTorch on gloo with its own allocator";
+    WriteChart(svg, RatioChartSvg("fsdp2 against PyTorch 2.11 on the same CPU "
+                                  "(> 1: fsdp2 faster or smaller)",
+                                  caption.str(), bars));
+    std::printf("chart: %s\n", svg.c_str());
+  }
   return 0;
 }
 
