@@ -83,7 +83,7 @@ extern "C" {
 /* The release version, the one in //:version.bzl (which also names the
  * wheel, the jar and the pkg-config/CMake files; packaging/version_test.sh
  * checks that the two agree). */
-#define FSDP2_VERSION "1.0.0"
+#define FSDP2_VERSION "1.8.0"
 
 /* ------------------------------------------------------------------------
  * Status, errors, version, memory
@@ -115,7 +115,7 @@ FSDP2_API const char* fsdp2_status_name(int32_t status);
  * a header/library mismatch. */
 FSDP2_API int32_t fsdp2_abi_version(void);
 
-/* The library's version and build, e.g. "fsdp2 1.0.0 (LibTorch 2.11.0, cuda)".
+/* The library's version and build, e.g. "fsdp2 1.8.0 (LibTorch 2.11.0, cuda)".
  * Static storage. */
 FSDP2_API const char* fsdp2_version_string(void);
 

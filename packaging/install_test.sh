@@ -65,7 +65,7 @@ cmake --build "$tmp/cmake/build" >>"$tmp/cmake.log" 2>&1 || { cat "$tmp/cmake.lo
 "$tmp/cmake/build/version_cpp" || fail "version_cpp failed"
 train "$tmp/cmake/build/train_c" "$tmp/ckpt_cmake"
 # A version the package cannot satisfy is refused.
-sed 's/find_package(fsdp2 1.0 REQUIRED)/find_package(fsdp2 99 REQUIRED)/' "$cmake_lists" > "$tmp/cmake/CMakeLists.txt"
+sed 's/find_package(fsdp2 1.8 REQUIRED)/find_package(fsdp2 99 REQUIRED)/' "$cmake_lists" > "$tmp/cmake/CMakeLists.txt"
 if cmake -S "$tmp/cmake" -B "$tmp/cmake/build99" -DCMAKE_PREFIX_PATH="$prefix" \
      -DTRAIN_C="$tmp/c/train_c.c" >/dev/null 2>&1; then fail "find_package(fsdp2 99) succeeded"; fi
 echo PASS
