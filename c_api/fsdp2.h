@@ -100,7 +100,7 @@ typedef enum fsdp2_status {
   FSDP2_ERROR_SHAPE = 4,            /* a buffer's dtype or shape is wrong */
   FSDP2_ERROR_IO = 5,               /* files: checkpoints, token files */
   FSDP2_ERROR_RUNTIME = 6,          /* communication, timeouts, LibTorch */
-  FSDP2_ERROR_OUT_OF_MEMORY = 7,    /* a host allocation failed (a GPU's: RUNTIME) */
+  FSDP2_ERROR_OUT_OF_MEMORY = 7,    /* an allocation failed, on the host or a GPU */
   FSDP2_ERROR_INTERNAL = 8          /* a bug in fsdp2: please report it */
 } fsdp2_status_t;
 
@@ -159,7 +159,7 @@ FSDP2_API fsdp2_status_t fsdp2_restart_count(int32_t* restart_count);
  * "system" (glibc's malloc). Ranks that fsdp2_launch_local starts run with
  * the one the FSDP2_ALLOCATOR variable asks for, tcmalloc unless it says
  * "jemalloc" or "system" (glibc's malloc faults large buffers in afresh
- * every step: see the README). Static storage; never NULL. */
+ * every step: see docs/main-job.md). Static storage; never NULL. */
 FSDP2_API const char* fsdp2_allocator(void);
 
 /* ABI 1.4. For a rank an outside launcher (torchrun, srun, mpirun) started:

@@ -42,8 +42,18 @@ fsdp2_status_t StatusOfCurrentException(fsdp2_status_t uncoded_status) {
     return Fail(StatusOf(e.code()), e.what());
   } catch (const std::bad_alloc&) {
     return Fail(FSDP2_ERROR_OUT_OF_MEMORY, "out of memory");
+  } catch (const c10::OutOfMemoryError& e) {
+    // LibTorch's allocators (CUDA's caching allocator among them) say so
+    // with their own class: the caller can act on it as on any other OOM.
+    return Fail(FSDP2_ERROR_OUT_OF_MEMORY, e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    return Fail(uncoded_status, e.what_without_backtrace());
+    // LibTorch's CPU allocator reports a failed allocation as a plain
+    // c10::Error (an enforce in alloc_cpu.cpp) with this message.
+    const std::string message = e.what_without_backtrace();
+    if (message.find("DefaultCPUAllocator: not enough memory") != std::string::npos) {
+      return Fail(FSDP2_ERROR_OUT_OF_MEMORY, message);
+    }
+    return Fail(uncoded_status, message);
   } catch (const std::filesystem::filesystem_error& e) {
     return Fail(FSDP2_ERROR_IO, e.what());
   } catch (const std::invalid_argument& e) {

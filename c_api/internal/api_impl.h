@@ -28,7 +28,9 @@ fsdp2_status_t StatusOf(ErrorCode code);
 
 // Classifies the exception in flight (call only from a catch block), sets
 // the last error and returns its status. An exception with no fsdp2 code
-// maps by its standard type: std::bad_alloc -> OUT_OF_MEMORY,
+// maps by its standard type: std::bad_alloc, LibTorch's
+// c10::OutOfMemoryError (CUDA's caching allocator) and its CPU allocator's
+// "not enough memory" -> OUT_OF_MEMORY,
 // std::invalid_argument -> INVALID_ARGUMENT, std::filesystem errors -> IO,
 // any other std::logic_error (std::future_error, std::out_of_range, ...) ->
 // INTERNAL, any other exception -> `uncoded_status` (RUNTIME, or IO for

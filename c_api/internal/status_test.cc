@@ -65,6 +65,19 @@ TEST(StatusTest, AFutureErrorOrABrokenInvariantIsNotWrongOrder) {
 
 TEST(StatusTest, StandardExceptionsKeepTheirFallbacks) {
   EXPECT_EQ(Entry([] { throw std::bad_alloc(); }), FSDP2_ERROR_OUT_OF_MEMORY);
+  // LibTorch's out-of-memory (as CUDA's caching allocator throws it) is one
+  // too, with its message; any other LibTorch error stays RUNTIME.
+  EXPECT_EQ(Entry([] {
+              TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2.00 GiB");
+            }),
+            FSDP2_ERROR_OUT_OF_MEMORY);
+  EXPECT_NE(std::string(LastError()).find("Tried to allocate 2.00 GiB"), std::string::npos);
+  EXPECT_EQ(Entry([] {
+              TORCH_CHECK(false, "DefaultCPUAllocator: not enough memory: you tried to "
+                                 "allocate 8589934592 bytes.");
+            }),
+            FSDP2_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(Entry([] { TORCH_CHECK(false, "a shape mismatch"); }), FSDP2_ERROR_RUNTIME);
   EXPECT_EQ(Entry([] { throw std::runtime_error("x"); }), FSDP2_ERROR_RUNTIME);
   EXPECT_EQ(Entry([] { throw std::invalid_argument("x"); }), FSDP2_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(Entry([] { throw 42; }), FSDP2_ERROR_INTERNAL);
