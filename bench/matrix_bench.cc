@@ -18,7 +18,7 @@
 //
 // Per configuration: median step time (slowest rank), tokens/s, peak RSS per
 // rank (training; the process's own peak beside it), exposed communication
-// per step, and tokens/s against PyTorch DDP's. Then the ratios the README
+// per step, and tokens/s against PyTorch DDP's. Then the ratios docs/benchmarks.md
 // quotes. Rows per rank stay fixed, so the global batch grows with N.
 //
 //   bazel run //bench:matrix -- --quick 1      # about 15 minutes on 2 cores

@@ -4,7 +4,7 @@
  *
  *   bazel run //examples:train_c -- --nproc 2 --steps 20 --ckpt-dir /tmp/ckpt
  *
- * Against an installed fsdp2 (README, "Install"):
+ * Against an installed fsdp2 (docs/install.md):
  *
  *   gcc train_c.c -o train_c $(pkg-config --cflags --libs fsdp2)
  *

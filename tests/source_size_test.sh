@@ -1,7 +1,7 @@
 #!/bin/sh
 # Fails when a C++ source file of core/ or c_api/ (the arguments) has more
 # than 600 lines: a file that large holds more than one job; split it by
-# responsibility (see /README.md, "How FSDP2 is done").
+# responsibility (see docs/design.md).
 set -eu
 limit=600
 count=0

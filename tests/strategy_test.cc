@@ -551,7 +551,7 @@ FSDP2_SCENARIO(checkpoint_errors) {
   const std::string file = full + "/checkpoint.safetensors";
   checkpoint::SaveFullCheckpoint(full, *module->module(), &s.optimizer(), *s.world(), {});
   s.load_checkpoint(full);
-  // Python, with the README's lines: the file holds the model's state.
+  // Python, with docs/checkpoints.md's lines: the file holds the model's state.
   const std::string state = WorkerOutDir() + "/state.safetensors";
   checkpoint::WriteSafetensors(state, s.lightning_module_state_dict());
   const std::string check = std::string(FSDP2_PYTHON) + " core/checkpoint/load_safetensors.py " + file +

@@ -1,7 +1,7 @@
 """Reads and writes safetensors files (fsdp2 checkpoints, PyTorch state
 dicts) with json, struct and numpy: no safetensors package needed.
 
-These are the lines the README shows; //core/checkpoint:python_interop_test
+These are the lines docs/checkpoints.md shows; //core/checkpoint:python_interop_test
 and //tests:strategy_test run them.
 """
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A checkpoint file loads in Python with a few lines of ordinary code (the
-# lines the README shows), with Debian's python3 and numpy.
+# lines docs/checkpoints.md shows), with Debian's python3 and numpy.
 set -euo pipefail
 fixture="$1"
 path="${TEST_TMPDIR:-/tmp}/interop.safetensors"

@@ -26,7 +26,7 @@ ADAMW = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 def check_logits(ckpt, logits_file, sizes):
     tensors, _ = load_safetensors(os.path.join(ckpt, "checkpoint.safetensors"))
     model = GPT(**sizes)
-    # The README's lines: every entry but the optimizer's is the state dict.
+    # docs/checkpoints.md's lines: every entry but the optimizer's is the state dict.
     model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in tensors.items()
                            if not k.startswith("optim/")})
     model.eval()

@@ -6,7 +6,7 @@
 // when they are freed, so each step faults in its activations and unit
 // buffers afresh: measured here, a quarter of all cycles of the main job
 // went to page faults and a step took twice as long as with tcmalloc (see
-// README, "Benchmarks"). fsdp2 therefore runs its ranks with tcmalloc
+// docs/main-job.md, "The runtime environment"). fsdp2 therefore runs its ranks with tcmalloc
 // (Debian's libtcmalloc-minimal4, installed by scripts/setup.sh), put in
 // place with LD_PRELOAD: the local launcher adds it to every rank it starts
 // (C++, C, Python and Java ranks alike), and the main job, when an outside

@@ -71,7 +71,7 @@ void WarnIfRankEnvironmentIsMissing(const comm::World& world) {
     std::cerr << "fsdp2: warning: this process runs with "
               << (active == "system" ? "glibc's malloc, which hands large freed blocks back "
                                        "to the kernel and faults them in again every step "
-                                       "(README, \"Allocator\"),"
+                                       "(docs/main-job.md, \"The runtime environment\"),"
                                      : active)
               << " instead of " << launch::RequestedAllocator()
               << "; start it with LD_PRELOAD=" << preload->second
