@@ -411,10 +411,12 @@ int RunParent(flags::Flags& flags, const std::string& self) {
       "stall: the training thread's part of a background sharded save. Largest share of the files' pages still cached before a read: %.1f%%\n",
       resident * 100);
   if (!svg.empty()) {
-    char caption[256];
+    char caption[512];
     std::snprintf(caption, sizeof(caption),
-                  "bench/checkpoint: %s + AdamW; %d cores; %d repeats, medians; %s (%s)",
-                  config.ToString().c_str(), Cores(), repeats, dir.c_str(),
+                  "bench/checkpoint: a %.1fM-parameter GPT + AdamW; %d cores; %d repeats, "
+                  "medians; %s (%s); bars: each format's MB/s over the disk's own write "
+                  "(saves) or one-buffer read (loads) with as many writers or readers",
+                  config.NumParams() / 1e6, Cores(), repeats, dir.c_str(),
                   FilesystemOf(dir).c_str());
     WriteChart(svg, RatioChartSvg("checkpoint MB/s against the disk's own, same writers "
                                   "and readers (1 = disk speed)",

@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 namespace fsdp2 {
 namespace bench {
@@ -29,11 +30,29 @@ std::string Escape(const std::string& text) {
 
 bool Drawable(double v) { return std::isfinite(v) && v > 0; }
 
+// `text` cut at spaces into lines of at most `width` characters (a longer
+// word stays whole on a line of its own).
+std::vector<std::string> Wrap(const std::string& text, size_t width) {
+  std::vector<std::string> lines;
+  std::istringstream words(text);
+  std::string word, line;
+  while (words >> word) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      lines.push_back(line);
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
 }  // namespace
 
 std::string RatioChartSvg(const std::string& title, const std::string& caption,
                           const std::vector<ChartBar>& bars, double reference) {
-  const double width = 720, label_w = 300, right = 60, bar_h = 18, gap = 6, group_h = 22;
+  // Wide enough for the title at 14 px (about 7.5 px a character).
+  const double width = std::max(720.0, 7.5 * title.size() + 40), label_w = 300, right = 60, bar_h = 18, gap = 6, group_h = 22;
   const double top = 40;
   double hi = reference;
   for (const auto& b : bars) {
@@ -72,7 +91,10 @@ std::string RatioChartSvg(const std::string& title, const std::string& caption,
     }
     y += bar_h + gap;
   }
-  const double height = y + 40;
+  // The caption at 10 px (about 5.5 px a character), wrapped to the width.
+  const std::vector<std::string> caption_lines =
+      Wrap(caption, static_cast<size_t>((width - 16) / 5.5));
+  const double height = y + 28 + 13 * caption_lines.size();
   std::ostringstream s;
   s << std::fixed << std::setprecision(1);
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\""
@@ -86,8 +108,12 @@ std::string RatioChartSvg(const std::string& title, const std::string& caption,
     << "<text x=\"" << x(reference) << "\" y=\"" << y + 14
     << "\" text-anchor=\"middle\" fill=\"#d62728\">" << std::setprecision(2) << reference
     << "</text>\n"
-    << "<text x=\"8\" y=\"" << height - 8 << "\" font-size=\"10\" fill=\"#555\">"
-    << Escape(caption) << "</text>\n</svg>\n";
+    ;
+  for (size_t i = 0; i < caption_lines.size(); ++i) {
+    s << "<text x=\"8\" y=\"" << y + 34 + 13 * i << "\" font-size=\"10\" fill=\"#555\">"
+      << Escape(caption_lines[i]) << "</text>\n";
+  }
+  s << "</svg>\n";
   return s.str();
 }
 

@@ -21,7 +21,7 @@ struct ChartBar {
 };
 
 // A horizontal bar chart: `title` on top, `caption` (the command, machine
-// and date) below, a vertical line at `reference` (1.0: parity) and each
+// and date) below, wrapped to the chart's width, a vertical line at `reference` (1.0: parity) and each
 // bar's value printed at its end. Text is XML-escaped. Values <= 0 or not
 // finite draw no bar and print "-".
 std::string RatioChartSvg(const std::string& title, const std::string& caption,

@@ -45,6 +45,16 @@ TEST(RatioChart, TextIsEscaped) {
   EXPECT_EQ(svg.find("<g>"), std::string::npos);
 }
 
+TEST(RatioChart, LongCaptionsWrapAtSpaces) {
+  std::string caption;
+  for (int i = 0; i < 60; ++i) caption += "word" + std::to_string(i) + " ";
+  const std::string svg = RatioChartSvg("t", caption, {{"g", "x", 1.0}});
+  // 60 words of 6-7 characters do not fit one 720 px line of 10 px text.
+  EXPECT_GE(Count(svg, "font-size=\"10\""), 3);
+  EXPECT_NE(svg.find(">word0 word1 "), std::string::npos);
+  EXPECT_NE(svg.find("word59</text>"), std::string::npos);
+}
+
 TEST(RatioChart, WriteChartNamesAPathItCannotWrite) {
   try {
     WriteChart("/nonexistent-dir/chart.svg", "<svg/>");
