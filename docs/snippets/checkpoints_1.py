@@ -1,4 +1,4 @@
-# generated from docs/checkpoints.md:256 by docs/snippets/extract.py; edit the page, not this file
+# generated from docs/checkpoints.md by docs/snippets/extract.py; edit the page, not this file
 import os
 import numpy as np
 import fsdp2

@@ -59,8 +59,10 @@ def blocks(text, page):
             yield info[0], start + 1, "\n".join(body) + "\n"
 
 
-def header(ext, page, line):
-    note = GENERATED.format(page=f"{page}:{line}")
+def header(ext, page):
+    # The page, not the line: editing a page above a block must not make its
+    # copy stale.
+    note = GENERATED.format(page=page)
     if ext == "c":
         return f"/* {note} */\n"
     return f"{COMMENT[ext]} {note}\n"
@@ -85,9 +87,7 @@ def snippets(root):
                 name = f"{stem}_{k}.{ext}"
             if name in out:
                 raise SystemExit(f"{page}:{line}: {name} is made twice (rename the class)")
-            # The header goes on the first line but one for Python, so a
-            # shebang or encoding line could stay first; none is needed.
-            out[name] = header(ext, page, line) + code
+            out[name] = header(ext, page) + code
     return out
 
 

@@ -1,4 +1,4 @@
-/* generated from docs/languages.md:88 by docs/snippets/extract.py; edit the page, not this file */
+/* generated from docs/languages.md by docs/snippets/extract.py; edit the page, not this file */
 #include <math.h>
 #include <stdio.h>
 #include <fsdp2/fsdp2.h>

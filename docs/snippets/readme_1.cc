@@ -1,4 +1,4 @@
-// generated from README.md:38 by docs/snippets/extract.py; edit the page, not this file
+// generated from README.md by docs/snippets/extract.py; edit the page, not this file
 #include <torch/torch.h>
 
 #include <iostream>

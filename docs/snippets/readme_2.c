@@ -1,4 +1,4 @@
-/* generated from README.md:71 by docs/snippets/extract.py; edit the page, not this file */
+/* generated from README.md by docs/snippets/extract.py; edit the page, not this file */
 #include <stdio.h>
 #include <fsdp2/fsdp2.h>
 

@@ -1,4 +1,4 @@
-# generated from docs/sharding.md:179 by docs/snippets/extract.py; edit the page, not this file
+# generated from docs/sharding.md by docs/snippets/extract.py; edit the page, not this file
 import numpy as np
 import fsdp2
 

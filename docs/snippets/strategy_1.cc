@@ -1,4 +1,4 @@
-// generated from docs/strategy.md:167 by docs/snippets/extract.py; edit the page, not this file
+// generated from docs/strategy.md by docs/snippets/extract.py; edit the page, not this file
 #include <torch/torch.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-# generated from docs/tensor-parallel.md:166 by docs/snippets/extract.py; edit the page, not this file
+# generated from docs/tensor-parallel.md by docs/snippets/extract.py; edit the page, not this file
 import numpy as np
 import fsdp2
 

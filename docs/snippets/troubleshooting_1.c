@@ -1,4 +1,4 @@
-/* generated from docs/troubleshooting.md:108 by docs/snippets/extract.py; edit the page, not this file */
+/* generated from docs/troubleshooting.md by docs/snippets/extract.py; edit the page, not this file */
 #include <fsdp2/fsdp2.h>
 #include <stdio.h>
 

@@ -1,4 +1,4 @@
-# generated from docs/troubleshooting.md:130 by docs/snippets/extract.py; edit the page, not this file
+# generated from docs/troubleshooting.md by docs/snippets/extract.py; edit the page, not this file
 import fsdp2
 
 try:

@@ -1,4 +1,4 @@
-# generated from docs/your-model.md:263 by docs/snippets/extract.py; edit the page, not this file
+# generated from docs/your-model.md by docs/snippets/extract.py; edit the page, not this file
 import json, os, struct
 import numpy as np, fsdp2
 

@@ -1,4 +1,4 @@
-// generated from docs/languages.md:262 by docs/snippets/extract.py; edit the page, not this file
+// generated from docs/languages.md by docs/snippets/extract.py; edit the page, not this file
 import java.util.Map;
 import java.util.Random;
 import org.fsdp2.*;

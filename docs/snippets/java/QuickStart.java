@@ -1,4 +1,4 @@
-// generated from README.md:129 by docs/snippets/extract.py; edit the page, not this file
+// generated from README.md by docs/snippets/extract.py; edit the page, not this file
 import java.util.Map;
 import org.fsdp2.*;
 
