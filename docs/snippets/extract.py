@@ -22,7 +22,8 @@ import sys
 EXTENSIONS = {"cpp": "cc", "c": "c", "python": "py", "java": "java"}
 FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>```+|~~~+)\s*(?P<info>[^`]*)$")
 GENERATED = "generated from {page} by docs/snippets/extract.py; edit the page, not this file"
-COMMENT = {"cc": "//", "c": "/*", "py": "#", "java": "//"}
+# How each language opens and closes the one-line header comment.
+COMMENT = {"cc": ("// ", ""), "c": ("/* ", " */"), "py": ("# ", ""), "java": ("// ", "")}
 
 
 def pages(root):
@@ -62,10 +63,8 @@ def blocks(text, page):
 def header(ext, page):
     # The page, not the line: editing a page above a block must not make its
     # copy stale.
-    note = GENERATED.format(page=page)
-    if ext == "c":
-        return f"/* {note} */\n"
-    return f"{COMMENT[ext]} {note}\n"
+    start, end = COMMENT[ext]
+    return f"{start}{GENERATED.format(page=page)}{end}\n"
 
 
 def snippets(root):
