@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/comm/internal/c10d.h"
@@ -32,7 +33,9 @@ std::unique_ptr<comm::internal::NcclTransport> Connect() {
   const std::string path = ::testing::TempDir() + "/nccl_store";
   std::remove(path.c_str());
   auto store = c10::make_intrusive<::c10d::FileStore>(path, 1);
-  return comm::internal::NcclTransport::Connect(store, /*rank=*/0, /*world=*/1, kTimeout);
+  return std::move(comm::internal::NcclTransport::ConnectLanes(store, /*rank=*/0, /*world=*/1,
+                                                               kTimeout, /*lanes=*/1)
+                       .front());
 }
 
 at::Tensor Values(int64_t n, at::ScalarType dtype) {
@@ -68,6 +71,51 @@ TEST(NcclTransport, EveryCollectiveOnCudaTensors) {
     EXPECT_TRUE(b.is_cuda());
   }
   t->barrier();
+}
+
+// A group's two lanes share one communicator: collectives issued in one
+// order (tickets taken here, as ProcessGroup takes them) and run from two
+// threads, the first lane's late, all complete with the right values.
+TEST(NcclTransport, LanesShareOneCommunicatorInIssueOrder) {
+  const std::string path = ::testing::TempDir() + "/nccl_lanes_store";
+  std::remove(path.c_str());
+  auto store = c10::make_intrusive<::c10d::FileStore>(path, 1);
+  auto lanes = comm::internal::NcclTransport::ConnectLanes(store, 0, 1, kTimeout, 2);
+  ASSERT_EQ(lanes.size(), 2u);
+  ASSERT_EQ(lanes[0]->issue_order(), lanes[1]->issue_order());
+  comm::internal::IssueOrder& order = *lanes[0]->issue_order();
+  const int64_t n = 1 << 16;
+  const int rounds = 8;
+  std::vector<int64_t> gather_tickets, reduce_tickets;
+  for (int i = 0; i < rounds; ++i) {
+    gather_tickets.push_back(order.Take());
+    reduce_tickets.push_back(order.Take());
+  }
+  std::vector<at::Tensor> gathered(rounds), reduced(rounds);
+  std::thread gathers([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int i = 0; i < rounds; ++i) {
+      gathered[i] = at::empty({n}, Values(1, at::kFloat).options());
+      lanes[0]->set_ticket(gather_tickets[i]);
+      lanes[0]->all_gather_into_flat(gathered[i], Values(n, at::kFloat).mul(i));
+    }
+  });
+  std::thread reductions([&] {
+    for (int i = 0; i < rounds; ++i) {
+      reduced[i] = at::empty({n}, Values(1, at::kFloat).options());
+      lanes[1]->set_ticket(reduce_tickets[i]);
+      lanes[1]->reduce_scatter_flat(reduced[i], Values(n, at::kFloat).add(i),
+                                    ReduceScatterAlgorithm::kAuto);
+    }
+  });
+  gathers.join();
+  reductions.join();
+  c10::cuda::device_synchronize();
+  EXPECT_EQ(order.next_to_issue(), 2 * rounds);
+  for (int i = 0; i < rounds; ++i) {
+    EXPECT_TRUE(gathered[i].equal(Values(n, at::kFloat).mul(i))) << i;
+    EXPECT_TRUE(reduced[i].equal(Values(n, at::kFloat).add(i))) << i;
+  }
 }
 
 }  // namespace

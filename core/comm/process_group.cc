@@ -61,6 +61,9 @@ c10::Stream LaneStream(ProcessGroup::Impl& impl, Lane lane, const c10::Device& d
 // message: an fsdp2::Error keeps its code (a timeout stays a timeout), any
 // other failure is a CommunicationError.
 //
+// The lanes of a group with one communicator (NCCL) issue to it in the
+// order of the calls here, which every rank makes alike.
+//
 // On device tensors (a GPU), as PyTorch's FSDP2 orders its collectives: the
 // lane's worker runs `body` on the lane's own stream, which first waits for
 // what the calling thread's stream had queued when the collective was
@@ -107,14 +110,25 @@ CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
     return s.str();
   }();
   const internal::PeerCheck* peers = &impl.peer_check;
+  // Lanes sharing one communicator issue in the order the collectives were
+  // issued here (internal/issue_order.h): the ticket is taken last, so that
+  // every ticket taken reaches the lane.
+  internal::IssueOrder* order = transport->issue_order();
+  const int64_t ticket = order != nullptr ? order->Take() : -1;
   return impl.lanes[static_cast<int>(lane)]->submit(
-      [transport, peers, op, body = std::move(body), where = std::move(where)] {
+      [transport, peers, op, ticket, body = std::move(body), where = std::move(where)] {
         // What the store says of the group's peers, after the failure.
         auto lost = [peers, op](const std::string& what) {
           return peers->store ? "; " + peers->Describe(std::string(op) + ": " + what)
                               : std::string();
         };
+        // Runs last, also when the body throws.
+        struct TurnUnused {
+          internal::Transport* transport;
+          ~TurnUnused() { transport->turn_unused_ticket(); }
+        } turn_unused{transport};
         try {
+          transport->set_ticket(ticket);
           body(*transport);
         } catch (const Error& e) {
           ThrowError(e.code(), where + e.what() + lost(e.what()));

@@ -251,18 +251,18 @@ std::shared_ptr<ProcessGroup> World::new_groups(
       impl->peer_check.report = impl_->lost_report;
     }
     try {
+      std::ostringstream prefix;
+      prefix << "fsdp2/pg/" << id << "/" << set;
+      internal::TransportOptions transport;
+      transport.store = c10::make_intrusive<::c10d::PrefixStore>(prefix.str(), impl_->store);
+      transport.rank = my_index;
+      transport.world = static_cast<int>(ranks.size());
+      transport.backend = impl_->options.backend;
+      transport.gloo_device = impl_->gloo_device;
+      transport.timeout = impl_->options.timeout;
+      auto transports = internal::ConnectLanes(transport, kNumLanes);
       for (int lane = 0; lane < kNumLanes; ++lane) {
-        std::ostringstream prefix;
-        prefix << "fsdp2/pg/" << id << "/" << set << "/" << lane;
-        internal::TransportOptions transport;
-        transport.store =
-            c10::make_intrusive<::c10d::PrefixStore>(prefix.str(), impl_->store);
-        transport.rank = my_index;
-        transport.world = static_cast<int>(ranks.size());
-        transport.backend = impl_->options.backend;
-        transport.gloo_device = impl_->gloo_device;
-        transport.timeout = impl_->options.timeout;
-        impl->transports[lane] = internal::ConnectTransport(transport);
+        impl->transports[lane] = std::move(transports[lane]);
         impl->lanes[lane] = std::make_unique<CommLane>(name);
       }
     } catch (const std::exception& e) {

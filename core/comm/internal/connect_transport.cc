@@ -55,8 +55,9 @@ std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options) {
   if (options.world == 1) return std::make_unique<SingleRankTransport>();
   if (options.backend == "nccl") {
 #ifdef USE_C10D_NCCL
-    return NcclTransport::Connect(options.store, options.rank, options.world,
-                                  options.timeout);
+    return std::move(NcclTransport::ConnectLanes(options.store, options.rank, options.world,
+                                                 options.timeout, /*lanes=*/1)
+                         .front());
 #else
     throw InvalidArgumentError(
         "backend 'nccl' needs a CUDA build of LibTorch; this build has only "
@@ -81,6 +82,26 @@ std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options) {
   if (segment == nullptr) return std::make_unique<HostStagedTransport>(std::move(gloo));
   return std::make_unique<HostStagedTransport>(
       std::make_unique<ShmTransport>(std::move(segment), std::move(gloo)));
+}
+
+std::vector<std::unique_ptr<Transport>> ConnectLanes(const TransportOptions& options,
+                                                     int lanes) {
+  std::vector<std::unique_ptr<Transport>> transports;
+#ifdef USE_C10D_NCCL
+  if (options.world > 1 && options.backend == "nccl") {
+    for (auto& t : NcclTransport::ConnectLanes(options.store, options.rank, options.world,
+                                               options.timeout, lanes)) {
+      transports.push_back(std::move(t));
+    }
+    return transports;
+  }
+#endif
+  for (int lane = 0; lane < lanes; ++lane) {
+    TransportOptions own = options;
+    own.store = c10::make_intrusive<::c10d::PrefixStore>(std::to_string(lane), options.store);
+    transports.push_back(ConnectTransport(own));
+  }
+  return transports;
 }
 
 }  // namespace internal

@@ -3,7 +3,8 @@
 // ConnectTransport: the one place that decides how a process group's lane
 // moves its bytes (transport.h), once, when the group is created:
 //   - a group of one rank: SingleRankTransport, no communicator;
-//   - backend "nccl": NcclTransport (builds with USE_C10D_NCCL only);
+//   - backend "nccl": NcclTransport (builds with USE_C10D_NCCL only), one
+//     communicator for the group, shared by its lanes (ConnectLanes);
 //   - backend "gloo", every rank of the group on this host and none with
 //     FSDP2_SHM=0 in its environment: ShmTransport, with a GlooTransport
 //     beneath it for what shared memory does not carry;
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/comm/internal/c10d.h"
 #include "core/comm/internal/gloo_backend.h"
@@ -31,7 +33,8 @@ namespace internal {
 constexpr size_t kShmSlotBytes = size_t{2} << 20;
 
 struct TransportOptions {
-  // The group's store, prefixed for this group and lane.
+  // The group's store, prefixed for this group (ConnectLanes) or for this
+  // group and lane (ConnectTransport).
   c10::intrusive_ptr<::c10d::Store> store;
   int rank = 0;   // this rank within the group
   int world = 1;  // ranks in the group
@@ -46,6 +49,13 @@ struct TransportOptions {
 // otherwise the same options. Throws if a communicator cannot be created
 // or the backend is unknown to this build.
 std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options);
+
+// The transports of a group's `lanes` lanes, lane k's connected through
+// the store prefixed with "k/" (its own communicator), except for NCCL,
+// whose lanes share one communicator and its issue order. Collective as
+// ConnectTransport.
+std::vector<std::unique_ptr<Transport>> ConnectLanes(const TransportOptions& options,
+                                                     int lanes);
 
 }  // namespace internal
 }  // namespace comm

@@ -12,9 +12,9 @@ namespace fsdp2 {
 namespace comm {
 namespace internal {
 
-std::unique_ptr<NcclTransport> NcclTransport::Connect(
+std::vector<std::unique_ptr<NcclTransport>> NcclTransport::ConnectLanes(
     const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout, int lanes) {
   // ProcessGroupNCCL's watchdog ends the whole process when a collective
   // times out (its default error handling tears down without clean-up).
   // CleanUpOnly (2) aborts the communicators instead, so the waiting call
@@ -23,19 +23,27 @@ std::unique_ptr<NcclTransport> NcclTransport::Connect(
   setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
   auto options = ::c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
-  auto nccl =
-      c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, rank, world, options);
-  return std::make_unique<NcclTransport>(std::move(nccl), rank, world, timeout);
+  auto shared = std::make_shared<Shared>(
+      c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, rank, world, options), timeout);
+  std::vector<std::unique_ptr<NcclTransport>> transports;
+  for (int lane = 0; lane < lanes; ++lane) {
+    transports.push_back(std::make_unique<NcclTransport>(shared, rank, world, timeout));
+  }
+  return transports;
 }
 
-NcclTransport::NcclTransport(c10::intrusive_ptr<::c10d::Backend> nccl, int rank,
-                             int world, std::chrono::milliseconds timeout)
-    : Transport(rank, world), nccl_(std::move(nccl)), timeout_(timeout) {}
+NcclTransport::NcclTransport(std::shared_ptr<Shared> shared, int rank, int world,
+                             std::chrono::milliseconds timeout)
+    : Transport(rank, world), shared_(std::move(shared)), nccl_(*shared_->nccl),
+      timeout_(timeout) {}
 
 void NcclTransport::all_gather_into_flat(const at::Tensor& output,
                                          const at::Tensor& input) {
   at::Tensor out = output, in = input;
-  Wait(nccl_->_allgather_base(out, in), timeout_);
+  IssueOrder::Turn turn = TakeTurn();
+  auto work = nccl_._allgather_base(out, in);
+  turn.Release();
+  Wait(work, timeout_);
 }
 
 // Gathers this rank's parts, packed, into a flat buffer of every rank's
@@ -46,6 +54,8 @@ void NcclTransport::all_gather_pieces(const at::Tensor& buffer_in,
   const int world_size = world();
   int64_t per_rank = 0;
   for (const auto& p : pieces) per_rank += p.numel;
+  // Every collective turns its ticket, also one with nothing to move.
+  IssueOrder::Turn turn = TakeTurn();
   if (per_rank == 0) return;
   at::Tensor in = at::empty({per_rank}, buffer.options());
   at::Tensor out = at::empty({world_size * per_rank}, buffer.options());
@@ -56,7 +66,9 @@ void NcclTransport::all_gather_pieces(const at::Tensor& buffer_in,
                              p.numel));
     at_offset += p.numel;
   }
-  Wait(nccl_->_allgather_base(out, in), timeout_);
+  auto work = nccl_._allgather_base(out, in);
+  turn.Release();
+  Wait(work, timeout_);
   auto by_rank = out.view({world_size, per_rank});
   at_offset = 0;
   for (const auto& p : pieces) {
@@ -73,28 +85,54 @@ void NcclTransport::reduce_scatter_flat(const at::Tensor& output,
   switch (algorithm) {
     case ReduceScatterAlgorithm::kAuto: {
       at::Tensor out = output, in = input;
-      Wait(nccl_->_reduce_scatter_base(out, in), timeout_);
+      IssueOrder::Turn turn = TakeTurn();
+      auto work = nccl_._reduce_scatter_base(out, in);
+      turn.Release();
+      Wait(work, timeout_);
       return;
     }
-    case ReduceScatterAlgorithm::kRing:
-      RingReduceScatter(*nccl_, rank(), world(), timeout_, output, input,
-                        ring_scratch_);
+    case ReduceScatterAlgorithm::kRing: {
+      // Steps of sends and receives that wait for each other: the turn
+      // covers them all.
+      IssueOrder::Turn turn = TakeTurn();
+      RingReduceScatter(nccl_, rank(), world(), timeout_, output, input, ring_scratch_);
       return;
+    }
     case ReduceScatterAlgorithm::kAllReduce:
-      reduce_scatter_by_all_reduce(output, input);
+      reduce_scatter_by_all_reduce(output, input);  // all_reduce() turns the ticket
       return;
   }
 }
 
 void NcclTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
-  AllReduce(*nccl_, timeout_, tensor, op);
+  std::vector<at::Tensor> tensors{tensor};
+  ::c10d::AllreduceOptions opts;
+  opts.reduceOp = op == ReduceOp::kSum ? ::c10d::ReduceOp::SUM : ::c10d::ReduceOp::MAX;
+  IssueOrder::Turn turn = TakeTurn();
+  auto work = nccl_.allreduce(tensors, opts);
+  turn.Release();
+  Wait(work, timeout_);
 }
 
 void NcclTransport::broadcast(const at::Tensor& tensor, int root) {
-  BroadcastBits(*nccl_, timeout_, tensor, root);
+  // Pure data movement: bfloat16 travels bit for bit as float16, as in
+  // BroadcastBits.
+  std::vector<at::Tensor> tensors{
+      tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor};
+  ::c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  IssueOrder::Turn turn = TakeTurn();
+  auto work = nccl_.broadcast(tensors, opts);
+  turn.Release();
+  Wait(work, timeout_);
 }
 
-void NcclTransport::barrier() { Wait(nccl_->barrier(), timeout_); }
+void NcclTransport::barrier() {
+  IssueOrder::Turn turn = TakeTurn();
+  auto work = nccl_.barrier();
+  turn.Release();
+  Wait(work, timeout_);
+}
 
 }  // namespace internal
 }  // namespace comm

@@ -6,6 +6,12 @@
 // buffer. Reduce-scatters that name an algorithm (kRing, kAllReduce) run
 // that algorithm, as on Gloo.
 //
+// One communicator per process group, as c10d has: the lanes of a group
+// share one ProcessGroupNCCL and issue to it in the order their collectives
+// were issued (issue_order.h). A collective holds its turn while it
+// enqueues its operations and lets the next one go before it waits for
+// completion, so an all-gather is enqueued while a reduce-scatter runs.
+//
 // Exists only in builds with USE_C10D_NCCL (a CUDA LibTorch, as PyPI's
 // torch 2.11.0 is): compiled and linked in every build, run by
 // //tests:nccl_transport_test where a GPU is.
@@ -17,6 +23,7 @@
 
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "core/comm/internal/c10d.h"
 #include "core/comm/internal/transport.h"
@@ -29,14 +36,24 @@ class NcclTransport final : public Transport {
  public:
   const char* kind() const override { return "nccl"; }
   // Collective over the `world` ranks sharing `store` (prefixed for this
-  // group and lane): creates their NCCL communicator. Every later operation
-  // fails after `timeout`.
-  static std::unique_ptr<NcclTransport> Connect(
+  // group): creates their NCCL communicator and `lanes` transports that
+  // share it and its issue order. Every later operation fails after
+  // `timeout`.
+  static std::vector<std::unique_ptr<NcclTransport>> ConnectLanes(
       const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout, int lanes);
 
-  NcclTransport(c10::intrusive_ptr<::c10d::Backend> nccl, int rank, int world,
+  // The backend and order its lanes share.
+  struct Shared {
+    c10::intrusive_ptr<::c10d::Backend> nccl;
+    IssueOrder order;
+    Shared(c10::intrusive_ptr<::c10d::Backend> backend, std::chrono::milliseconds timeout)
+        : nccl(std::move(backend)), order(timeout) {}
+  };
+  NcclTransport(std::shared_ptr<Shared> shared, int rank, int world,
                 std::chrono::milliseconds timeout);
+
+  IssueOrder* issue_order() override { return &shared_->order; }
 
   void all_gather_into_flat(const at::Tensor& output,
                             const at::Tensor& input) override;
@@ -51,7 +68,8 @@ class NcclTransport final : public Transport {
   void barrier() override;
 
  private:
-  c10::intrusive_ptr<::c10d::Backend> nccl_;
+  std::shared_ptr<Shared> shared_;
+  ::c10d::Backend& nccl_;  // shared_->nccl
   std::chrono::milliseconds timeout_;
   at::Tensor ring_scratch_;  // receive buffer of the ring reduce-scatter
 };

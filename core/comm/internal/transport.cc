@@ -16,6 +16,25 @@ void Transport::reduce_scatter_by_all_reduce(const at::Tensor& output,
   output.view(-1).copy_(input.view({world_, -1})[rank_]);
 }
 
+IssueOrder::Turn Transport::TakeTurn() {
+  IssueOrder& order = *issue_order();
+  const int64_t ticket = ticket_ >= 0 ? ticket_ : order.Take();
+  ticket_ = -1;
+  return IssueOrder::Turn(order, ticket);
+}
+
+void Transport::turn_unused_ticket() noexcept {
+  IssueOrder* order = issue_order();
+  if (order == nullptr || ticket_ < 0) return;
+  const int64_t ticket = ticket_;
+  ticket_ = -1;
+  try {
+    IssueOrder::Turn turn(*order, ticket);
+  } catch (...) {
+    // Timed out: the collectives behind it fail with their own timeouts.
+  }
+}
+
 }  // namespace internal
 }  // namespace comm
 }  // namespace fsdp2

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/comm/collective_types.h"
+#include "core/comm/internal/issue_order.h"
 
 namespace fsdp2 {
 namespace comm {
@@ -68,7 +69,26 @@ class Transport {
   virtual void broadcast(const at::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
 
+  // Lanes whose transports share one communicator (NcclTransport: one per
+  // group) issue to it in one order on every rank (issue_order.h). Such a
+  // transport returns the order its lanes share: ProcessGroup then takes a
+  // ticket for each collective on the issuing thread and, on the lane's
+  // worker, hands it over with set_ticket() before calling the collective,
+  // which waits for its turn to issue. Transports with a communicator per
+  // lane return nullptr and never read a ticket.
+  virtual IssueOrder* issue_order() { return nullptr; }
+  void set_ticket(int64_t ticket) { ticket_ = ticket; }
+  // After a collective: if it failed before taking its turn, takes and
+  // releases the turn now, so that the collectives behind it still issue.
+  void turn_unused_ticket() noexcept;
+
  protected:
+  // For a transport with an issue_order(): this collective's turn, taken
+  // with the ticket ProcessGroup handed over (set_ticket), or, for a
+  // transport driven directly from one thread (tests), the next ticket.
+  // Blocks until the collectives before it have issued.
+  IssueOrder::Turn TakeTurn();
+
   // all_gather_into_flat as all_gather_pieces: copies `input` into this
   // rank's chunk of `output` and gathers the rest as one piece (a flat
   // output is the piecewise layout with a single piece).
@@ -82,6 +102,7 @@ class Transport {
  private:
   const int rank_;
   const int world_;
+  int64_t ticket_ = -1;
 };
 
 }  // namespace internal

@@ -1,0 +1,47 @@
+#include "core/comm/internal/issue_order.h"
+
+#include <string>
+
+#include "core/common/error.h"
+
+namespace fsdp2 {
+namespace comm {
+namespace internal {
+
+int64_t IssueOrder::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return taken_++;
+}
+
+int64_t IssueOrder::next_to_issue() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_to_issue_;
+}
+
+IssueOrder::Turn::Turn(IssueOrder& order, int64_t ticket) : order_(order), ticket_(ticket) {
+  std::unique_lock<std::mutex> lock(order_.mu_);
+  if (!order_.turned_.wait_for(lock, order_.wait_limit_,
+                               [&] { return order_.next_to_issue_ == ticket_; })) {
+    held_ = false;
+    throw TimeoutError("collective " + std::to_string(ticket_) +
+                       " of this group waited " + std::to_string(order_.wait_limit_.count()) +
+                       " ms for its turn to issue; collective " +
+                       std::to_string(order_.next_to_issue_) + " has not issued");
+  }
+}
+
+IssueOrder::Turn::~Turn() { Release(); }
+
+void IssueOrder::Turn::Release() {
+  if (!held_) return;
+  held_ = false;
+  {
+    std::lock_guard<std::mutex> lock(order_.mu_);
+    ++order_.next_to_issue_;
+  }
+  order_.turned_.notify_all();
+}
+
+}  // namespace internal
+}  // namespace comm
+}  // namespace fsdp2
