@@ -505,10 +505,11 @@ int RunRank(const Flags& f) {
   if (f.hf_model.empty()) {
     module = std::make_shared<models::GPTModule>(config, models::GPT2AdamW(f.lr));
   } else {
-    // Built deferred where it can be (CPU, no tensor parallelism): no rank
-    // ever holds the whole model; parallelize() loads each rank's rows.
+    // Built deferred where it can be (no tensor parallelism): no rank ever
+    // holds the whole model, on the host or its GPU; parallelize() loads
+    // each rank's rows.
     std::optional<fsdp::DeferredInitGuard> deferred;
-    if (strategy.device().is_cpu() && f.tensor_parallel == 1) {
+    if (f.tensor_parallel == 1) {
       deferred.emplace(strategy.tensor_init_context());
     }
     auto llama = models::LlamaModule::FromPretrained(f.hf_model, models::GPT2AdamW(f.lr));

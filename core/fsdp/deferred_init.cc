@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -195,13 +196,20 @@ Lifetimes PlanLifetimes(const Log& log, const Targets& targets) {
   return out;
 }
 
-// Gives `target` its value from the replayed `full` tensor.
-void WriteTarget(const Target& target, const at::Tensor& full) {
+// Gives `target` its value from the replayed `full` tensor, on `device`
+// (nullopt: where the replay made it).
+void WriteTarget(const Target& target, const at::Tensor& full,
+                 const std::optional<at::Device>& device) {
+  const at::Device to = device.value_or(full.device());
   if (target.param != nullptr) {
-    at::Tensor shard = target.param->local_rows_of(full)
-                           .clone(at::MemoryFormat::Contiguous)
+    const at::Tensor rows = target.param->local_rows_of(full);
+    at::Tensor shard = rows.to(to, rows.scalar_type(), /*non_blocking=*/false,
+                               /*copy=*/true, at::MemoryFormat::Contiguous)
                            .view(target.tensor.sizes());
     internal::AssignData(target.tensor, shard);
+  } else if (to != full.device()) {
+    internal::AssignData(target.tensor, full.to(to, full.scalar_type(), /*non_blocking=*/false,
+                                                /*copy=*/true, at::MemoryFormat::Contiguous));
   } else {
     const bool owns_storage = full.storage_offset() == 0 &&
                               full.is_contiguous() &&
@@ -212,7 +220,7 @@ void WriteTarget(const Target& target, const at::Tensor& full) {
 
 // Runs the log's ops in order on real tensors from the generator state the
 // log started with, writing every target when its value is final.
-void Replay(Log& log, Targets& targets) {
+void Replay(Log& log, Targets& targets, const std::optional<at::Device>& device) {
   const Lifetimes lifetimes = PlanLifetimes(log, targets);
   at::Tensor state_now = internal::GeneratorState();
   if (!at::equal(state_now, log.generator_state)) {
@@ -260,7 +268,7 @@ void Replay(Log& log, Targets& targets) {
         }
       }
       for (int64_t id : lifetimes.write_after[i]) {
-        for (const Target& target : targets[id]) WriteTarget(target, real[id]);
+        for (const Target& target : targets[id]) WriteTarget(target, real[id], device);
       }
       for (int64_t id : lifetimes.release_after[i]) real[id] = at::Tensor();
     }
@@ -273,7 +281,9 @@ void Replay(Log& log, Targets& targets) {
 
 }  // namespace
 
-void materialize_module(torch::nn::Module& root) {
+namespace {
+
+void Materialize(torch::nn::Module& root, const std::optional<at::Device>& device) {
   if (DeferredInitGuard::active()) {
     throw FailedPreconditionError(
         "materialize_module: called inside tensor_init_context(); leave the "
@@ -284,8 +294,13 @@ void materialize_module(torch::nn::Module& root) {
   internal::ConfirmSetData(log);
   const std::vector<FSDPUnit*> units = UnitsUnder(root);
   Targets targets = CollectTargets(log, root, units);
+  if (device) {
+    for (FSDPUnit* unit : units) {
+      if (unit->param_group().deferred()) unit->param_group().set_device(*device);
+    }
+  }
   if (!targets.empty()) {
-    Replay(log, targets);
+    Replay(log, targets, device);
     // The log is consumed: its other tensors stay on meta.
     log.tensors.clear();
     log.id_of.clear();
@@ -293,6 +308,14 @@ void materialize_module(torch::nn::Module& root) {
     log.generator_state = at::Tensor();
   }
   for (FSDPUnit* unit : units) unit->param_group().set_deferred(false);
+}
+
+}  // namespace
+
+void materialize_module(torch::nn::Module& root) { Materialize(root, std::nullopt); }
+
+void materialize_module(torch::nn::Module& root, const at::Device& device) {
+  Materialize(root, device);
 }
 
 }  // namespace fsdp

@@ -1,5 +1,6 @@
 #include "core/strategy/device.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
 
@@ -102,6 +103,21 @@ void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank) {
   std::cerr << "; choose fp32 precision (C ABI: FSDP2_PRECISION_FP32, "
                "Python/Java precision \"fp32\", C++: an empty "
                "MixedPrecisionPolicy) unless you need it\n";
+}
+
+void MoveRealTensors(torch::nn::Module& module, const c10::Device& device) {
+  torch::NoGradGuard no_grad;
+  auto move = [&](at::Tensor& t) {
+    if (!t.defined() || t.is_meta() || t.device() == device) return;
+    const at::Tensor moved = t.to(device);
+    if (at::_has_compatible_shallow_copy_type(t, moved)) {
+      t.set_data(moved);  // as Module::to (CPU <-> CUDA)
+    } else {              // set_data refuses other pairs (e.g. to meta)
+      t.unsafeGetTensorImpl()->shallow_copy_from(moved.getIntrusivePtr());
+    }
+  };
+  for (auto& p : module.parameters(/*recurse=*/true)) move(p);
+  for (auto& b : module.buffers(/*recurse=*/true)) move(b);
 }
 
 }  // namespace strategy

@@ -7,6 +7,7 @@
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
 
 #include <string>
 
@@ -51,6 +52,13 @@ LowPrecisionSpeed LowPrecisionSpeedOn(at::ScalarType dtype,
 // slower than fp32 on this CPU (LowPrecisionSpeedOn); the policy stays as
 // asked. For ranks training on the CPU.
 void WarnIfLowPrecisionIsSlow(const fsdp::MixedPrecisionPolicy& mp, int rank);
+
+// Moves the parameters and buffers of `module` (recursively) that hold
+// memory to `device`, in place (the same tensor objects, as Module::to
+// does); meta tensors, a deferred model's, stay where they are for
+// materialisation to place. For a model built under tensor_init_context()
+// that trains on a GPU.
+void MoveRealTensors(torch::nn::Module& module, const c10::Device& device);
 
 }  // namespace strategy
 }  // namespace fsdp2

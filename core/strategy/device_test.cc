@@ -44,6 +44,30 @@ TEST(Device, NamesItDoesNotKnowAreClearErrors) {
   EXPECT_NE(ErrorOf("CUDA").find("auto, cpu, cuda or cuda:K"), std::string::npos);
 }
 
+// A deferred model's real tensors move; its meta ones stay for
+// materialisation (moved to the meta device here, which every machine has).
+TEST(Device, MoveRealTensorsLeavesDeferredOnesAlone) {
+  struct Net : torch::nn::Module {
+    at::Tensor real, deferred, buffer;
+    Net() {
+      real = register_parameter("real", torch::ones({2, 3}));
+      deferred = register_parameter("deferred", torch::empty({4}, torch::kMeta));
+      buffer = register_buffer("buffer", torch::arange(3));
+    }
+  } net;
+  const auto* deferred_impl = net.deferred.unsafeGetTensorImpl();
+  MoveRealTensors(net, c10::Device(c10::kMeta));
+  EXPECT_TRUE(net.real.is_meta());
+  EXPECT_TRUE(net.real.requires_grad());
+  EXPECT_EQ(net.real.sizes(), (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(net.named_buffers()["buffer"].is_meta());
+  // The same tensor objects: module members and slots stay valid.
+  EXPECT_TRUE(net.named_parameters()["real"].is_same(net.real));
+  EXPECT_EQ(net.deferred.unsafeGetTensorImpl(), deferred_impl);
+  MoveRealTensors(net, c10::Device(c10::kCPU));  // meta tensors hold no memory: left alone
+  EXPECT_TRUE(net.real.is_meta());
+}
+
 }  // namespace
 }  // namespace strategy
 }  // namespace fsdp2

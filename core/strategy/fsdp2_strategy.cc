@@ -337,15 +337,14 @@ void FSDP2Strategy::parallelize() {
         std::to_string(tp_size_) + "); build it eagerly or use "
         "tensor_parallel_size = 1");
   }
+  const bool deferred = fsdp::has_deferred_tensors(*module_->module());
   if (!device_.is_cpu()) {
-    if (fsdp::has_deferred_tensors(*module_->module())) {
-      throw InvalidArgumentError(
-          "FSDP2Strategy::parallelize: a model built under tensor_init_context() "
-          "is materialised on the CPU only, and this strategy trains on " +
-          device_.str() + "; build the model eagerly (parallelize() moves it to "
-          "the GPU before sharding) or use device \"cpu\"");
+    // Deferred tensors are materialised on the device after sharding.
+    if (deferred) {
+      MoveRealTensors(*module_->module(), device_);
+    } else {
+      module_->module()->to(device_);
     }
-    module_->module()->to(device_);
   }
   std::vector<ParameterInfo> infos;
   std::unordered_set<const c10::TensorImpl*> counted;  // tied parameters once
@@ -367,9 +366,8 @@ void FSDP2Strategy::parallelize() {
                        options_.backward_prefetch_modules);
   checkpointed_modules_ = fsdp::apply_activation_checkpointing(
       *module_->module(), options_.activation_checkpointing);
-  if (fsdp::has_deferred_tensors(*module_->module())) {
-    fsdp::materialize_module(*module_->module());
-  }
+  // Replayed as eager construction draws its numbers; each rank's rows go to the device.
+  if (deferred) fsdp::materialize_module(*module_->module(), device_);
   load_hf_weights();
   optimizer_ = module_->configure_optimizers();
   if (!optimizer_) {

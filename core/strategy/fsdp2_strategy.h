@@ -273,8 +273,10 @@ class FSDP2Strategy {
   //   strategy.connect(module);
   //   strategy.parallelize();  // shards, then allocates this rank's rows
   // The parameters come out bit-identical to an eager build after the same
-  // seed. Call after setup_environment() (which seeds); throws
-  // std::logic_error otherwise or after parallelize().
+  // seed; on a GPU they are replayed on the CPU and each rank's rows go to
+  // its GPU (no rank holds the whole model on either). Call after
+  // setup_environment() (which seeds); throws std::logic_error otherwise or
+  // after parallelize().
   fsdp::DeferredInitGuard tensor_init_context() const;
   // Applies parallelize_fn once, materialises deferred parameters and
   // buffers (each rank allocates only its rows of sharded parameters) and
@@ -391,7 +393,9 @@ class FSDP2Strategy {
   void broadcast(at::Tensor& tensor, int src = 0);
   // Sum or mean over the data-parallel ranks, as a new tensor.
   at::Tensor reduce(const at::Tensor& tensor, bool mean = true);
-  // Ends the step counters, drops the optimizer and the process groups.
+  // Waits for a background save in flight (throwing its error) and drops
+  // the optimizer and any optimizer state still pending; the process groups
+  // live until the strategy is destroyed.
   void teardown();
 
   // The progress counters that checkpoints save and restore.

@@ -215,6 +215,21 @@ FSDPParamGroup::~FSDPParamGroup() {
   }
 }
 
+void FSDPParamGroup::set_device(const at::Device& device) {
+  if (!deferred_ || state_ != State::kSharded) {
+    throw FailedPreconditionError(
+        "fully_shard: a unit's device can change only before its deferred "
+        "parameters are materialised");
+  }
+  compute_options_ = compute_options_.device(device);
+  for (FSDPParam& p : params_) p.free_compute(compute_options_);
+  if (!alias_shards_) {
+    unsharded_ = internal::BufferPool::Get().empty({shard_world_ * reduction_width()},
+                                                   compute_options_);
+    internal::FreeStorage(unsharded_);
+  }
+}
+
 void FSDPParamGroup::set_gradient_divide_factor(double factor) {
   if (!(factor > 0) || !std::isfinite(factor)) {
     throw InvalidArgumentError(

@@ -111,6 +111,10 @@ class FSDPParamGroup {
   // (which clears it).
   bool deferred() const { return deferred_; }
   void set_deferred(bool deferred) { deferred_ = deferred; }
+  // While deferred: the device the shards will be materialised on (their
+  // compute tensors and unsharded buffer follow). Throws FailedPrecondition
+  // once materialised.
+  void set_device(const at::Device& device);
 
   const std::vector<FSDPParam>& params() const { return params_; }
   const std::shared_ptr<comm::ProcessGroup>& shard_group() const {
