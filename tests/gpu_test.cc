@@ -4,7 +4,9 @@
 // reduce-scatters and clipping across shards, on CUDA tensors), each equal to
 // one process training the same model on the same GPU; activation
 // checkpointing bit-identical to training without it; checkpoints that move
-// between the GPU and the CPU both ways. Built in every run; where no CUDA
+// between the GPU and the CPU both ways; a model built under
+// tensor_init_context() materialised on the GPU, equal to an eager build;
+// background saves from the GPU. Built in every run; where no CUDA
 // device is visible it prints a SKIPPED: line and runs nothing.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <iomanip>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,7 +63,11 @@ strategy::DistributedSamplerOptions Sampler() {
 }
 
 // args: device backend dtype(f32|f64) activation_checkpointing(0|1) steps
-//       save_dir|- load_dir|-
+//       save|- load_dir|- [build]
+// save: DIR (a sharded save after training), or "async:DIR" /
+// "async-full:DIR" (a background save, sharded or full, after training,
+// then one more step while it is written). build: "eager" (default) or
+// "deferred" (the model built under tensor_init_context()).
 // Writes losses<rank>.txt, params.pt (rank 0: the full parameters after
 // training, on the CPU, in named_parameters() order) and device<rank>.txt
 // (the device and its peak allocated bytes).
@@ -70,11 +77,21 @@ FSDP2_SCENARIO(gpu_train) {
   o.backend = Backend(args.at(1));
   if (args.at(3) == "1") o.activation_checkpointing = fsdp::ActivationCheckpointing::Full();
   const int steps = std::stoi(args.at(4));
-  const std::string save = args.at(5), load = args.at(6);
+  std::string save = args.at(5);
+  const std::string load = args.at(6);
+  const bool deferred = args.size() > 7 && args.at(7) == "deferred";
+  const bool async = save.rfind("async", 0) == 0;
+  if (save.rfind("async-full:", 0) == 0) o.checkpoint_format = "full";
+  if (async) save = save.substr(save.find(':') + 1);
   strategy::FSDP2Strategy s(o);
   s.setup_environment();
-  auto module = std::make_shared<models::GPTModule>(Config(), TestOptimizer("adamw"),
-                                                    DtypeOf(args.at(2)));
+  std::shared_ptr<models::GPTModule> module;
+  {
+    std::optional<fsdp::DeferredInitGuard> init;
+    if (deferred) init.emplace(s.tensor_init_context());
+    module = std::make_shared<models::GPTModule>(Config(), TestOptimizer("adamw"),
+                                                 DtypeOf(args.at(2)));
+  }
   s.connect(module);
   s.parallelize();
   if (load != "-") s.load_checkpoint(load);
@@ -92,7 +109,11 @@ FSDP2_SCENARIO(gpu_train) {
   for (const auto& p : module->module()->parameters()) {
     Check(p.device() == s.device(), "every parameter shard on the strategy's device");
   }
-  if (save != "-") s.save_checkpoint(save);
+  if (save != "-") s.save_checkpoint(save, async);
+  if (async) {  // a step that changes every shard while the save is written
+    s.backward(s.training_step(loader.batch(steps), steps));
+    s.optimizer_step(/*max_grad_norm=*/1.0);
+  }
   const auto stats = s.memory_stats();
   std::ofstream(WorkerOutDir() + "/device" + std::to_string(rank) + ".txt")
       << s.device().str() << " " << stats.peak_device_allocated_bytes << "\n";
@@ -204,6 +225,48 @@ TEST(Gpu, CheckpointsMoveBetweenGpuAndCpu) {
     for (size_t i = 0; i < saved.params.size(); ++i) {
       EXPECT_TRUE(loaded.params[i].equal(saved.params[i])) << "parameter " << i;
     }
+  }
+}
+
+// tensor_init_context() on the GPU: each rank's rows are replayed on the CPU
+// and land on the GPU, bit-identical to an eager build moved there, before
+// and after training; one rank, and two sharing the GPU.
+TEST(Gpu, DeferredInitOnTheGpuEqualsAnEagerBuild) {
+  for (int n : {1, 2}) {
+    SCOPED_TRACE("N=" + std::to_string(n));
+    const std::string backend = n == 1 ? "nccl" : "gloo";
+    for (const char* steps : {"0", "3"}) {
+      const TrainResult eager = Launch(n, {"cuda", backend, "f32", "0", steps, "-", "-", "eager"});
+      const TrainResult deferred =
+          Launch(n, {"cuda", backend, "f32", "0", steps, "-", "-", "deferred"});
+      EXPECT_EQ(deferred.losses, eager.losses);
+      ASSERT_EQ(deferred.params.size(), eager.params.size());
+      for (size_t i = 0; i < eager.params.size(); ++i) {
+        EXPECT_TRUE(deferred.params[i].equal(eager.params[i])) << steps << " steps, parameter " << i;
+      }
+    }
+  }
+}
+
+// Background saves from the GPU (staged through pinned host memory): the
+// step taken while the files are written does not reach them; they hold
+// the parameters of the save's step, bit for bit, and load on the CPU.
+TEST(Gpu, BackgroundSavesFromTheGpuHoldTheirStep) {
+  const std::string dir = ::testing::TempDir() + "/gpu_async";
+  const TrainResult at_save = Launch(2, {"cuda", "gloo", "f32", "0", "2", "-", "-"});
+  for (const char* kind : {"async", "async-full"}) {
+    SCOPED_TRACE(kind);
+    const std::string path = dir + "/" + kind;
+    const TrainResult went_on =
+        Launch(2, {"cuda", "gloo", "f32", "0", "2", std::string(kind) + ":" + path, "-"});
+    const TrainResult loaded = Launch(1, {"cpu", "gloo", "f32", "0", "0", "-", path});
+    ASSERT_EQ(loaded.params.size(), at_save.params.size());
+    bool moved = false;
+    for (size_t i = 0; i < at_save.params.size(); ++i) {
+      EXPECT_TRUE(loaded.params[i].equal(at_save.params[i])) << "parameter " << i;
+      moved = moved || !went_on.params[i].equal(at_save.params[i]);
+    }
+    EXPECT_TRUE(moved) << "the step after the save changed the parameters";
   }
 }
 

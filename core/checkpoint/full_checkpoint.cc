@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "core/checkpoint/internal/host_staging.h"
 #include "core/checkpoint/internal/optimizer_state.h"
 #include "core/checkpoint/internal/param_layout.h"
 #include "core/checkpoint/checkpoint_dir.h"
@@ -153,9 +154,11 @@ PendingWrite SaveOrStage(const std::string& dir, torch::nn::Module& root,
   }
   internal::ShareRank0Error(error, world, dir + ": rank 0 cannot save a checkpoint there");
   std::vector<at::Tensor> staged;  // rank 0, when staging
+  internal::HostStaging staging;   // GPU tensors to pinned host memory
   auto consume = [&](const at::Tensor& full) {
     if (writer) writer->push(full);
-    if (stage && world.rank() == 0) staged.push_back(full);
+    // Gathered: a tensor of its own, which the next step does not change.
+    if (stage && world.rank() == 0) staged.push_back(staging.Stage(full, /*live=*/false));
   };
   for (size_t i = 0; i < shards.size(); ++i) {
     consume(internal::GatherFull(layouts[i], shards[i].shard));
@@ -179,8 +182,10 @@ PendingWrite SaveOrStage(const std::string& dir, torch::nn::Module& root,
     return nullptr;
   }
   if (world.rank() != 0) return [] {};
+  staging.Done();
   return [dir, file, specs = std::move(specs), meta = std::move(meta),
-          staged = std::move(staged)] {
+          staged = std::move(staged), staging] {
+    staging.Wait();
     SafetensorsStreamWriter w(file, specs, meta);
     for (const auto& t : staged) w.write(t);
     w.commit();

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/checkpoint/internal/host_staging.h"
 #include "core/checkpoint/internal/optimizer_state.h"
 #include "core/checkpoint/internal/param_layout.h"
 #include "core/checkpoint/internal/rank0_error.h"
@@ -74,6 +75,7 @@ PendingWrite Stage(const std::string& dir, torch::nn::Module& root,
 
   NamedTensors tensors;
   std::map<std::string, std::string> meta;
+  internal::HostStaging staging;  // copies in host memory, GPU ones pinned
   for (size_t i = 0; i < layouts.size(); ++i) {
     const auto& l = layouts[i];
     const auto& s = l.shard;
@@ -89,13 +91,15 @@ PendingWrite Stage(const std::string& dir, torch::nn::Module& root,
       const int64_t per_rank = (full_rows + world.size() - 1) / world.size();
       row_start = std::min(full_rows, per_rank * world.rank());
       const int64_t n = std::min(full_rows - row_start, per_rank);
-      rows = [&l, row_start, n, full_rows](const at::Tensor& local) {
+      rows = [&l, &staging, row_start, n, full_rows](const at::Tensor& local) {
         at::Tensor full = internal::GatherFull(l, local);  // collective
-        return full.reshape({full_rows, RowNumel(l.full_shape)}).narrow(0, row_start, n).clone();
+        return staging.Stage(
+            full.reshape({full_rows, RowNumel(l.full_shape)}).narrow(0, row_start, n),
+            /*live=*/true);  // a copy: the rest of `full` is not kept
       };
     } else if (l.writes_rows) {
-      rows = [&s, snapshot](const at::Tensor& local) {
-        return snapshot ? AsRows(local, s).clone() : AsRows(local, s);
+      rows = [&s, &staging, snapshot](const at::Tensor& local) {
+        return snapshot ? staging.Stage(AsRows(local, s), /*live=*/true) : AsRows(local, s);
       };
     }
     at::Tensor param = rows ? rows(s.shard) : at::Tensor();
@@ -125,10 +129,12 @@ PendingWrite Stage(const std::string& dir, torch::nn::Module& root,
                                    {"dtype", c10::toString(l.shard.shard.scalar_type())}};
     }
   }
+  staging.Done();
   // What is left writes files only: no collective, any thread.
   const int rank = world.rank(), n = world.size();
   return [dir, tmp, tensors = std::move(tensors), meta = std::move(meta), m = std::move(m), rank,
-          n, wait_for_ranks]() mutable {
+          n, wait_for_ranks, staging]() mutable {
+    staging.Wait();
     WriteSafetensors(tmp + "/" + ShardFile(rank, n), tensors, meta);
     if (rank != 0) return;
     // Every rank's file appears (atomically) once it is complete.
