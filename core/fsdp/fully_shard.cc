@@ -265,13 +265,11 @@ double DeviceClipGradNorm(const std::vector<at::Tensor>& grads,
   }
   const at::Tensor norm = inf_norm ? total : total.pow(1.0 / norm_type);
   const at::Tensor coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-  std::vector<at::Tensor> flat;
-  for (const auto& g : grads) {
-    if (g.numel() > 0) flat.push_back(g);
-  }
   // By dtype: the multiply takes one coefficient of each.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
-  for (const auto& g : flat) by_dtype[g.scalar_type()].push_back(g);
+  for (const auto& g : grads) {
+    if (g.numel() > 0) by_dtype[g.scalar_type()].push_back(g);
+  }
   for (auto& [dtype, list] : by_dtype) at::_foreach_mul_(list, coef.to(dtype));
   return norm.item<double>();
 }
@@ -309,11 +307,9 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm,
     if (!g.defined()) continue;
     grads.push_back(g);
     if (!g.is_cpu()) {  // summed on the device below
-      const size_t i = it - groups.begin();
-      (any_split && split.names.count(info.name) ? device_blocks : device_replicated)
-          .resize(groups.size());
-      (any_split && split.names.count(info.name) ? device_blocks[i] : device_replicated[i])
-          .push_back(g.detach());
+      auto& lists = any_split && split.names.count(info.name) ? device_blocks : device_replicated;
+      lists.resize(groups.size());
+      lists[it - groups.begin()].push_back(g.detach());
       continue;
     }
     if (g.numel() == 0) continue;
