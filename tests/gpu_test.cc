@@ -6,7 +6,7 @@
 // checkpointing bit-identical to training without it; checkpoints that move
 // between the GPU and the CPU both ways; a model built under
 // tensor_init_context() materialised on the GPU, equal to an eager build;
-// background saves from the GPU. Built in every run; where no CUDA
+// background saves from the GPU; tensor parallelism and HYBRID_SHARD. Built in every run; where no CUDA
 // device is visible it prints a SKIPPED: line and runs nothing.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -63,11 +63,13 @@ strategy::DistributedSamplerOptions Sampler() {
 }
 
 // args: device backend dtype(f32|f64) activation_checkpointing(0|1) steps
-//       save|- load_dir|- [build]
+//       save|- load_dir|- [build [layout]]
 // save: DIR (a sharded save after training), or "async:DIR" /
 // "async-full:DIR" (a background save, sharded or full, after training,
 // then one more step while it is written). build: "eager" (default) or
-// "deferred" (the model built under tensor_init_context()).
+// "deferred" (the model built under tensor_init_context()). layout: "dp"
+// (default: every rank data-parallel, FULL_SHARD), "tp2" (tensor-parallel
+// pairs) or "hsdp2" (HYBRID_SHARD, shard groups of two).
 // Writes losses<rank>.txt, params.pt (rank 0: the full parameters after
 // training, on the CPU, in named_parameters() order) and device<rank>.txt
 // (the device and its peak allocated bytes).
@@ -80,11 +82,18 @@ FSDP2_SCENARIO(gpu_train) {
   std::string save = args.at(5);
   const std::string load = args.at(6);
   const bool deferred = args.size() > 7 && args.at(7) == "deferred";
+  const std::string layout = args.size() > 8 ? args.at(8) : "dp";
+  if (layout == "tp2") o.tensor_parallel_size = strategy::ParallelSize::Of(2);
+  if (layout == "hsdp2") {
+    o.sharding_strategy = fsdp::ShardingStrategy::kHybridShard;
+    o.shard_group_size = 2;
+  }
   const bool async = save.rfind("async", 0) == 0;
   if (save.rfind("async-full:", 0) == 0) o.checkpoint_format = "full";
   if (async) save = save.substr(save.find(':') + 1);
   strategy::FSDP2Strategy s(o);
   s.setup_environment();
+  Check(s.tensor_parallel_size() == (layout == "tp2" ? 2 : 1), "the mesh's tensor-parallel size");
   std::shared_ptr<models::GPTModule> module;
   {
     std::optional<fsdp::DeferredInitGuard> init;
@@ -226,6 +235,16 @@ TEST(Gpu, CheckpointsMoveBetweenGpuAndCpu) {
       EXPECT_TRUE(loaded.params[i].equal(saved.params[i])) << "parameter " << i;
     }
   }
+}
+
+// Tensor parallelism (dp 1 x tp 2) and HYBRID_SHARD (2 replicas x 2
+// shards) on CUDA tensors, the ranks sharing the GPU: equal to one process.
+TEST(Gpu, TensorParallelAndHybridShardTrainLikeOneProcess) {
+  const TrainResult want = OneProcessOnGpu(at::kDouble, 4);
+  ExpectClose(Launch(2, {"cuda", "gloo", "f64", "0", "4", "-", "-", "eager", "tp2"}), want, 1e-10,
+              0, "tp 2 on one GPU (host-staged), float64");
+  ExpectClose(Launch(4, {"cuda", "gloo", "f64", "0", "4", "-", "-", "eager", "hsdp2"}), want,
+              1e-10, 0, "HYBRID_SHARD 2 x 2 on one GPU (host-staged), float64");
 }
 
 // tensor_init_context() on the GPU: each rank's rows are replayed on the CPU
