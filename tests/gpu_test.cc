@@ -6,8 +6,9 @@
 // checkpointing bit-identical to training without it; checkpoints that move
 // between the GPU and the CPU both ways; a model built under
 // tensor_init_context() materialised on the GPU, equal to an eager build;
-// background saves from the GPU; tensor parallelism and HYBRID_SHARD. Built in every run; where no CUDA
-// device is visible it prints a SKIPPED: line and runs nothing.
+// background saves from the GPU; tensor parallelism and HYBRID_SHARD.
+// Built in every run; where no CUDA device is visible it prints a SKIPPED:
+// line and runs nothing.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -261,7 +262,8 @@ TEST(Gpu, DeferredInitOnTheGpuEqualsAnEagerBuild) {
       EXPECT_EQ(deferred.losses, eager.losses);
       ASSERT_EQ(deferred.params.size(), eager.params.size());
       for (size_t i = 0; i < eager.params.size(); ++i) {
-        EXPECT_TRUE(deferred.params[i].equal(eager.params[i])) << steps << " steps, parameter " << i;
+        EXPECT_TRUE(deferred.params[i].equal(eager.params[i]))
+            << steps << " steps, parameter " << i;
       }
     }
   }

@@ -173,6 +173,35 @@ TEST(IssueOrder, ATurnThatNeverComesIsANamedTimeout) {
   EXPECT_EQ(order.next_to_issue(), 0);
 }
 
+// After one turn times out the group's order is broken: later turns fail
+// at once with that first timeout, instead of each waiting out the limit.
+TEST(IssueOrder, ATimeoutBreaksTheOrderForTheTurnsBehindIt) {
+  IssueOrder order(milliseconds(50));
+  order.Take();  // ticket 0, never turned
+  const int64_t first = order.Take(), second = order.Take();
+  EXPECT_THROW(IssueOrder::Turn(order, first), TimeoutError);
+  EXPECT_TRUE(order.broken());
+  try {
+    IssueOrder::Turn turn(order, second);
+    FAIL() << "expected the order to stay broken";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("collective 1 of this group"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A transport driven without ProcessGroup's ticket while another collective
+// is pending would issue out of order: refused.
+TEST(IssueOrder, ACollectiveWithoutATicketWhileOthersArePendingIsRefused) {
+  auto log = std::make_shared<IssueLog>();
+  auto order = std::make_shared<IssueOrder>(std::chrono::seconds(30));
+  RecordingTransport direct(order, log, "direct", milliseconds(0));
+  direct.all_reduce(Id(1), comm::ReduceOp::kSum);  // nothing pending: fine
+  order->Take();                                    // a collective in flight elsewhere
+  EXPECT_THROW(direct.all_reduce(Id(2), comm::ReduceOp::kSum), std::logic_error);
+  EXPECT_EQ(log->issued, std::vector<std::string>{"all_reduce 1 on direct"});
+}
+
 TEST(IssueOrder, AnEarlyReleaseLetsTheNextIssueBeforeThisOneEnds) {
   IssueOrder order(std::chrono::seconds(30));
   const int64_t first = order.Take(), second = order.Take();

@@ -73,6 +73,31 @@ TEST(NcclTransport, EveryCollectiveOnCudaTensors) {
   t->barrier();
 }
 
+// CPU tensors (the flags and counts checkpoints exchange) travel through
+// the group's GPU: every collective, results back in the CPU tensors.
+TEST(NcclTransport, CpuTensorsTravelThroughTheGpu) {
+  auto t = Connect();
+  const int64_t n = 100;
+  auto cpu = [&] { return at::arange(n, at::kDouble).add(1); };
+  at::Tensor out = at::empty({n}, at::kDouble);
+  t->all_gather_into_flat(out, cpu());
+  EXPECT_TRUE(out.equal(cpu()));
+  at::Tensor buffer = cpu();
+  t->all_gather_pieces(buffer, {{0, 10}, {10, n - 10}});
+  EXPECT_TRUE(buffer.equal(cpu()));
+  at::Tensor slice = at::empty({n}, at::kDouble);
+  t->reduce_scatter_flat(slice, cpu(), ReduceScatterAlgorithm::kAuto);
+  EXPECT_TRUE(slice.equal(cpu()));
+  at::Tensor flags = at::tensor({0.0, 1.0, 0.0}, at::kDouble);
+  t->all_reduce(flags, ReduceOp::kMax);
+  EXPECT_TRUE(flags.equal(at::tensor({0.0, 1.0, 0.0}, at::kDouble)));
+  at::Tensor b = cpu();
+  t->broadcast(b, 0);
+  EXPECT_TRUE(b.equal(cpu()));
+  for (const at::Tensor& x : {out, buffer, slice, flags, b}) EXPECT_TRUE(x.is_cpu());
+  t->barrier();
+}
+
 // A group's two lanes share one communicator: collectives issued in one
 // order (tickets taken here, as ProcessGroup takes them) and run from two
 // threads, the first lane's late, all complete with the right values.

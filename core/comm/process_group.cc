@@ -111,9 +111,11 @@ CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
   }();
   const internal::PeerCheck* peers = &impl.peer_check;
   // Lanes sharing one communicator issue in the order the collectives were
-  // issued here (internal/issue_order.h): the ticket is taken last, so that
-  // every ticket taken reaches the lane.
+  // issued here (internal/issue_order.h): the ticket is taken last, with
+  // the queueing, so that every ticket taken reaches its lane in order.
   internal::IssueOrder* order = transport->issue_order();
+  std::unique_lock<std::mutex> issuing(impl.issue_mu, std::defer_lock);
+  if (order != nullptr) issuing.lock();
   const int64_t ticket = order != nullptr ? order->Take() : -1;
   return impl.lanes[static_cast<int>(lane)]->submit(
       [transport, peers, op, ticket, body = std::move(body), where = std::move(where)] {
@@ -122,14 +124,17 @@ CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
           return peers->store ? "; " + peers->Describe(std::string(op) + ": " + what)
                               : std::string();
         };
-        // Runs last, also when the body throws.
-        struct TurnUnused {
-          internal::Transport* transport;
-          ~TurnUnused() { transport->turn_unused_ticket(); }
-        } turn_unused{transport};
         try {
-          transport->set_ticket(ticket);
-          body(*transport);
+          try {
+            transport->set_ticket(ticket);
+            body(*transport);
+          } catch (...) {
+            // A failure before the turn was taken: take and release it now,
+            // before asking the store, so the collectives behind it go on.
+            transport->turn_unused_ticket();
+            throw;
+          }
+          transport->turn_unused_ticket();
         } catch (const Error& e) {
           ThrowError(e.code(), where + e.what() + lost(e.what()));
         } catch (const c10::Error& e) {

@@ -6,10 +6,14 @@
 //  - Every collective is asynchronous and returns a CommHandle; the caller
 //    waits on it before reading the output or reusing the input.
 //  - Collectives run on one of two lanes (kDefault for parameter all-gathers
-//    and general use, kGradient for gradient reductions). Each lane has its own
-//    c10d communicator and worker thread, so an all-gather can overlap a
-//    reduce-scatter. Within a lane, operations run in issue order; every rank
-//    must issue the same operations on the same lane in the same order.
+//    and general use, kGradient for gradient reductions), each with its own
+//    worker thread, so an all-gather can overlap a reduce-scatter. Within a
+//    lane, operations run in issue order. Every rank must issue the group's
+//    operations in the same order, on the same lanes: with NCCL the two
+//    lanes share the group's one communicator and issue to it in the order
+//    the operations were issued here (internal/issue_order.h), so the order
+//    across both lanes must agree (Gloo and shared memory have a
+//    communicator per lane and need the order per lane only).
 //  - Errors (including a peer that does not answer within the timeout) are
 //    raised from CommHandle::wait() as std::runtime_error whose message names
 //    this rank, the collective, the group and the cause.

@@ -294,10 +294,9 @@ void Materialize(torch::nn::Module& root, const std::optional<at::Device>& devic
   internal::ConfirmSetData(log);
   const std::vector<FSDPUnit*> units = UnitsUnder(root);
   Targets targets = CollectTargets(log, root, units);
-  if (device) {
-    for (FSDPUnit* unit : units) {
-      if (unit->param_group().deferred()) unit->param_group().set_device(*device);
-    }
+  for (FSDPUnit* unit : units) {
+    FSDPParamGroup& group = unit->param_group();
+    if (group.deferred()) group.set_device(device.value_or(group.device()));
   }
   if (!targets.empty()) {
     Replay(log, targets, device);

@@ -109,9 +109,12 @@ void materialize_module(torch::nn::Module& root);
 // materialize_module(root), with everything it writes placed on `device`
 // (a GPU): the log is replayed on the devices its ops asked for (the CPU
 // for stock modules), so every value equals an eager build moved to
-// `device`, and each shard's rows, each other deferred parameter and
-// buffer, and the sharded units' buffers then go to `device`. Host memory
-// peaks as for materialize_module(root); the device holds only what stays.
+// `device`; then each shard's rows and each other deferred parameter and
+// buffer go to `device`, and the sharded units gather their parameters
+// there. Tensors that are not deferred are not moved: move them first (a
+// replayed op that reads one must find it where it was recorded). Host
+// memory peaks as for materialize_module(root); the device holds only what
+// stays.
 void materialize_module(torch::nn::Module& root, const at::Device& device);
 
 }  // namespace fsdp

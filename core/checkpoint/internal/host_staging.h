@@ -6,9 +6,10 @@
 // changes is cloned; a device (GPU) tensor is copied into pinned host
 // memory by an asynchronous copy on the current stream, so the training
 // thread does not wait for the device: the writing thread waits (Wait())
-// before it reads. Pinned memory comes from the CUDA host allocator, which
-// keeps it for the next save; where pinning fails, the copy goes to
-// ordinary memory and waits. Internal to core/checkpoint.
+// before it reads. Pinned memory comes from PyTorch's CUDA host allocator,
+// which rounds each block up to a power of two and keeps it for the next
+// save (up to twice the staged bytes stay pinned); where pinning fails, the
+// copy goes to ordinary memory and waits. Internal to core/checkpoint.
 #ifndef FSDP2_CORE_CHECKPOINT_INTERNAL_HOST_STAGING_H_
 #define FSDP2_CORE_CHECKPOINT_INTERNAL_HOST_STAGING_H_
 
@@ -34,7 +35,7 @@ class HostStaging {
   // copies on the device's stream.
   void Done();
   // On the writing thread: returns once every staged copy is in host
-  // memory. Copies of a HostStaging share its state.
+  // memory. Copy the HostStaging to that thread after Done().
   void Wait() const;
 
  private:

@@ -18,16 +18,26 @@ int64_t IssueOrder::next_to_issue() const {
   return next_to_issue_;
 }
 
+bool IssueOrder::broken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !broken_.empty();
+}
+
 IssueOrder::Turn::Turn(IssueOrder& order, int64_t ticket) : order_(order), ticket_(ticket) {
   std::unique_lock<std::mutex> lock(order_.mu_);
-  if (!order_.turned_.wait_for(lock, order_.wait_limit_,
-                               [&] { return order_.next_to_issue_ == ticket_; })) {
-    held_ = false;
-    throw TimeoutError("collective " + std::to_string(ticket_) +
-                       " of this group waited " + std::to_string(order_.wait_limit_.count()) +
-                       " ms for its turn to issue; collective " +
-                       std::to_string(order_.next_to_issue_) + " has not issued");
+  const bool turned = order_.turned_.wait_for(lock, order_.wait_limit_, [&] {
+    return order_.next_to_issue_ == ticket_ || !order_.broken_.empty();
+  });
+  if (turned && order_.broken_.empty()) return;
+  held_ = false;
+  if (order_.broken_.empty()) {
+    order_.broken_ = "collective " + std::to_string(ticket_) + " of this group waited " +
+                     std::to_string(order_.wait_limit_.count()) +
+                     " ms for its turn to issue; collective " +
+                     std::to_string(order_.next_to_issue_) + " has not issued";
+    order_.turned_.notify_all();  // the others fail now, not after their own wait
   }
+  throw TimeoutError(order_.broken_);
 }
 
 IssueOrder::Turn::~Turn() { Release(); }

@@ -4,7 +4,7 @@
 // transports share one communicator.
 //
 // A group runs its collectives on two lanes, each a worker thread, so that
-// a reduce-scatter does not queue behind an all-gather. Gloo and shared
+// on the host a reduce-scatter does not wait behind an all-gather. Gloo and shared
 // memory give each lane a communicator of its own. NCCL gets one
 // communicator per group, as c10d has one per process group, and NCCL
 // requires every rank to issue the operations of a communicator in the same
@@ -20,10 +20,14 @@
 //   Wait(work);                             // completion: others go on
 //
 // A turn covers issuing, not completion: the next collective is enqueued
-// while this one runs on the device. A failing collective releases its turn
-// (the destructor does), so a failure never stalls the collectives behind
-// it. Waiting for a turn that does not come within the wait limit throws
-// TimeoutError naming the ticket waited for.
+// while this one runs on the device (on NCCL's one stream per communicator,
+// as in PyTorch, the two run one after the other there). A collective made
+// of steps that wait for each other (the ring reduce-scatter) holds its
+// turn to the end. A failing collective releases its turn (the destructor
+// does), so a failure never stalls the collectives behind it. Waiting for a
+// turn that does not come within the wait limit throws TimeoutError naming
+// the ticket waited for, and breaks the order: every later turn then fails
+// at once with the same message, rather than each waiting out the limit.
 //
 // Thread-safe. Internal to core/comm.
 #ifndef FSDP2_CORE_COMM_INTERNAL_ISSUE_ORDER_H_
@@ -33,6 +37,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 namespace fsdp2 {
 namespace comm {
@@ -51,13 +56,15 @@ class IssueOrder {
 
   // The ticket whose turn it is now: the collectives before it have issued.
   int64_t next_to_issue() const;
+  // Whether a turn timed out (every later turn fails).
+  bool broken() const;
 
   // RAII: this collective's turn to issue.
   class Turn {
    public:
     // Blocks until every ticket before `ticket` has released its turn;
-    // throws TimeoutError after the order's wait limit (the turn then holds
-    // nothing and releases nothing).
+    // throws TimeoutError after the order's wait limit, or at once if the
+    // order is broken (the turn then holds nothing and releases nothing).
     Turn(IssueOrder& order, int64_t ticket);
     // Releases the turn if Release() was not called.
     ~Turn();
@@ -79,6 +86,7 @@ class IssueOrder {
   const std::chrono::milliseconds wait_limit_;
   int64_t taken_ = 0;          // tickets handed out
   int64_t next_to_issue_ = 0;  // the ticket that may issue now
+  std::string broken_;         // the timeout that broke the order, if any
 };
 
 }  // namespace internal

@@ -3,6 +3,7 @@
 #ifdef USE_C10D_NCCL
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <cstdlib>
 
@@ -23,8 +24,13 @@ std::vector<std::unique_ptr<NcclTransport>> NcclTransport::ConnectLanes(
   setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
   auto options = ::c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
+  // The calling thread's GPU: setup_environment() made the rank's GPU
+  // current before any group is created. (The lanes' threads have their
+  // own current device, GPU 0 unless set.)
+  const at::Device device = c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice();
   auto shared = std::make_shared<Shared>(
-      c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, rank, world, options), timeout);
+      c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, rank, world, options), timeout,
+      device);
   std::vector<std::unique_ptr<NcclTransport>> transports;
   for (int lane = 0; lane < lanes; ++lane) {
     transports.push_back(std::make_unique<NcclTransport>(shared, rank, world, timeout));
@@ -37,8 +43,18 @@ NcclTransport::NcclTransport(std::shared_ptr<Shared> shared, int rank, int world
     : Transport(rank, world), shared_(std::move(shared)), nccl_(*shared_->nccl),
       timeout_(timeout) {}
 
+at::Tensor NcclTransport::OnGpu(const at::Tensor& t) const {
+  return t.is_cpu() ? t.to(shared_->device) : t;
+}
+
 void NcclTransport::all_gather_into_flat(const at::Tensor& output,
                                          const at::Tensor& input) {
+  if (output.is_cpu()) {
+    const at::Tensor out = OnGpu(output);
+    all_gather_into_flat(out, OnGpu(input));
+    output.copy_(out);  // to pageable memory: waits for the device
+    return;
+  }
   at::Tensor out = output, in = input;
   IssueOrder::Turn turn = TakeTurn();
   auto work = nccl_._allgather_base(out, in);
@@ -50,6 +66,12 @@ void NcclTransport::all_gather_into_flat(const at::Tensor& output,
 // packs, then scatters those into the pieces.
 void NcclTransport::all_gather_pieces(const at::Tensor& buffer_in,
                                       const std::vector<Piece>& pieces) {
+  if (buffer_in.is_cpu()) {
+    const at::Tensor buffer = OnGpu(buffer_in);
+    all_gather_pieces(buffer, pieces);
+    buffer_in.copy_(buffer);
+    return;
+  }
   const at::Tensor buffer = buffer_in.view(-1);
   const int world_size = world();
   int64_t per_rank = 0;
@@ -82,6 +104,12 @@ void NcclTransport::all_gather_pieces(const at::Tensor& buffer_in,
 void NcclTransport::reduce_scatter_flat(const at::Tensor& output,
                                         const at::Tensor& input,
                                         ReduceScatterAlgorithm algorithm) {
+  if (output.is_cpu()) {
+    const at::Tensor out = OnGpu(output);
+    reduce_scatter_flat(out, OnGpu(input), algorithm);  // `input` is scratch afterwards
+    output.copy_(out);
+    return;
+  }
   switch (algorithm) {
     case ReduceScatterAlgorithm::kAuto: {
       at::Tensor out = output, in = input;
@@ -105,6 +133,12 @@ void NcclTransport::reduce_scatter_flat(const at::Tensor& output,
 }
 
 void NcclTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  if (tensor.is_cpu()) {
+    const at::Tensor t = OnGpu(tensor);
+    all_reduce(t, op);
+    tensor.copy_(t);
+    return;
+  }
   std::vector<at::Tensor> tensors{tensor};
   ::c10d::AllreduceOptions opts;
   opts.reduceOp = op == ReduceOp::kSum ? ::c10d::ReduceOp::SUM : ::c10d::ReduceOp::MAX;
@@ -115,6 +149,12 @@ void NcclTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
 }
 
 void NcclTransport::broadcast(const at::Tensor& tensor, int root) {
+  if (tensor.is_cpu()) {
+    const at::Tensor t = OnGpu(tensor);
+    broadcast(t, root);
+    tensor.copy_(t);
+    return;
+  }
   // Pure data movement: bfloat16 travels bit for bit as float16, as in
   // BroadcastBits.
   std::vector<at::Tensor> tensors{
@@ -127,11 +167,10 @@ void NcclTransport::broadcast(const at::Tensor& tensor, int root) {
   Wait(work, timeout_);
 }
 
+// An all-reduce of one element on this rank's GPU, waited for: what
+// ProcessGroupNCCL's barrier does, without its guess of the device.
 void NcclTransport::barrier() {
-  IssueOrder::Turn turn = TakeTurn();
-  auto work = nccl_.barrier();
-  turn.Release();
-  Wait(work, timeout_);
+  all_reduce(at::zeros({1}, at::TensorOptions().device(shared_->device)), ReduceOp::kSum);
 }
 
 }  // namespace internal

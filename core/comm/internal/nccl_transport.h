@@ -6,6 +6,10 @@
 // buffer. Reduce-scatters that name an algorithm (kRing, kAllReduce) run
 // that algorithm, as on Gloo.
 //
+// NCCL carries device tensors only: a CPU tensor (the flags and counts that
+// checkpoints and loads exchange) travels through a copy on this rank's
+// GPU, the one current when the group was created.
+//
 // One communicator per process group, as c10d has: the lanes of a group
 // share one ProcessGroupNCCL and issue to it in the order their collectives
 // were issued (issue_order.h). A collective holds its turn while it
@@ -43,12 +47,14 @@ class NcclTransport final : public Transport {
       const c10::intrusive_ptr<::c10d::Store>& store, int rank, int world,
       std::chrono::milliseconds timeout, int lanes);
 
-  // The backend and order its lanes share.
+  // The backend, order and GPU its lanes share.
   struct Shared {
     c10::intrusive_ptr<::c10d::Backend> nccl;
     IssueOrder order;
-    Shared(c10::intrusive_ptr<::c10d::Backend> backend, std::chrono::milliseconds timeout)
-        : nccl(std::move(backend)), order(timeout) {}
+    at::Device device;  // where CPU tensors are staged
+    Shared(c10::intrusive_ptr<::c10d::Backend> backend, std::chrono::milliseconds timeout,
+           at::Device gpu)
+        : nccl(std::move(backend)), order(timeout), device(gpu) {}
   };
   NcclTransport(std::shared_ptr<Shared> shared, int rank, int world,
                 std::chrono::milliseconds timeout);
@@ -68,6 +74,9 @@ class NcclTransport final : public Transport {
   void barrier() override;
 
  private:
+  // `t` on the group's GPU: itself, or a copy of a CPU tensor.
+  at::Tensor OnGpu(const at::Tensor& t) const;
+
   std::shared_ptr<Shared> shared_;
   ::c10d::Backend& nccl_;  // shared_->nccl
   std::chrono::milliseconds timeout_;

@@ -35,6 +35,11 @@ struct ProcessGroup::Impl {
   // in issue order. The workers stop before the transports go.
   std::array<std::unique_ptr<internal::Transport>, kNumLanes> transports;
   std::array<std::unique_ptr<CommLane>, kNumLanes> lanes;
+  // Held while a collective takes its ticket and is queued on its lane, so
+  // that ticket order and each lane's queue order agree even if two
+  // threads issue at once (the order across ranks then still needs one
+  // program order; see internal/issue_order.h).
+  std::mutex issue_mu;
   // Per lane, the device stream its collectives on device tensors run on
   // (taken from the device's pool when first needed; one device per
   // process).

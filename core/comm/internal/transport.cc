@@ -1,5 +1,7 @@
 #include "core/comm/internal/transport.h"
 
+#include <stdexcept>
+
 namespace fsdp2 {
 namespace comm {
 namespace internal {
@@ -18,8 +20,18 @@ void Transport::reduce_scatter_by_all_reduce(const at::Tensor& output,
 
 IssueOrder::Turn Transport::TakeTurn() {
   IssueOrder& order = *issue_order();
-  const int64_t ticket = ticket_ >= 0 ? ticket_ : order.Take();
+  int64_t ticket = ticket_;
   ticket_ = -1;
+  if (ticket < 0) {
+    // Driven directly: only right when nothing else is in the order, else
+    // this ticket would come after collectives queued behind it.
+    ticket = order.Take();
+    if (ticket != order.next_to_issue()) {
+      throw std::logic_error(
+          "fsdp2: a collective without a ticket on a transport whose lanes share one "
+          "communicator, while other collectives are pending; issue it through ProcessGroup");
+    }
+  }
   return IssueOrder::Turn(order, ticket);
 }
 

@@ -85,7 +85,8 @@ class Transport {
  protected:
   // For a transport with an issue_order(): this collective's turn, taken
   // with the ticket ProcessGroup handed over (set_ticket), or, for a
-  // transport driven directly from one thread (tests), the next ticket.
+  // transport driven directly from one thread with nothing else pending
+  // (tests), the next ticket (std::logic_error if others are pending).
   // Blocks until the collectives before it have issued.
   IssueOrder::Turn TakeTurn();
 

@@ -192,7 +192,8 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
     p.init_shard(compute_options_);
   }
   flat_numel_ = offset;
-  if (!alias_shards_) {
+  // Deferred: the buffer comes with the device, at set_device().
+  if (!alias_shards_ && !deferred_) {
     // From the engine's pool: re-allocating its storage at each unshard
     // then reuses the buffer freed at the last reshard. As large as the
     // reduction input (its contribution flags included, the tail unused

@@ -112,9 +112,13 @@ class FSDPParamGroup {
   bool deferred() const { return deferred_; }
   void set_deferred(bool deferred) { deferred_ = deferred; }
   // While deferred: the device the shards will be materialised on (their
-  // compute tensors and unsharded buffer follow). Throws FailedPrecondition
+  // compute tensors follow, and the unsharded buffer, which a deferred
+  // group gets only here). materialize_module() calls it for every
+  // deferred unit before it writes the shards. Throws FailedPrecondition
   // once materialised.
   void set_device(const at::Device& device);
+  // The device the unit computes on.
+  at::Device device() const { return compute_options_.device(); }
 
   const std::vector<FSDPParam>& params() const { return params_; }
   const std::shared_ptr<comm::ProcessGroup>& shard_group() const {
