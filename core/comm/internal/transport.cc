@@ -43,7 +43,7 @@ void Transport::turn_unused_ticket() noexcept {
   try {
     IssueOrder::Turn turn(*order, ticket);
   } catch (...) {
-    // Timed out: the collectives behind it fail with their own timeouts.
+    // Timed out: the order is broken, and the collectives behind it fail at once.
   }
 }
 
