@@ -15,12 +15,14 @@ common=(--n-layer 2 --n-embd 32 --n-head 2 --block-size 32 --threads 1 --log-eve
         --batch-size 2 --data synthetic)
 
 # start_job NAME TIMEOUT_S RANKS...: starts those ranks of a 4-rank job in
-# the background (pids in pid[RANK]), logs in $tmp/NAME.RANK.log. No
-# `timeout` wrapper, so each pid is the training process itself.
-declare -A pid
+# the background (pids in pid[RANK], the ranks in ranks[NAME]), logs in
+# $tmp/NAME.RANK.log. No `timeout` wrapper, so each pid is the training
+# process itself.
+declare -A pid ranks
 start_job() {
   local name="$1" timeout_s="$2" port=$(( 20000 + RANDOM % 20000 )); shift 2
   local r
+  ranks[$name]="$*"
   for r in "$@"; do
     start_rank $(( r / 2 )) "$tmp/$name.$r.log" RANK=$r WORLD_SIZE=4 LOCAL_RANK=$(( r % 2 )) \
       LOCAL_WORLD_SIZE=2 MASTER_ADDR=10.231.7.1 MASTER_PORT=$port FSDP2_TIMEOUT_S=$timeout_s \
@@ -29,13 +31,17 @@ start_job() {
   done
 }
 # wait_for_step NAME: until rank 0 has logged a training loss (at most 120 s).
+# A job that gets no step that far fails the test, and its ranks are killed
+# so that none lingers into the next case.
 wait_for_step() {
-  local i
+  local i r
   for i in $(seq 1200); do
     grep -q ' loss [0-9]' "$tmp/$1.0.log" 2>/dev/null && return 0
     sleep 0.1
   done
-  echo "FAIL: $1: no training step within 120 s"; cat "$tmp/$1".*.log; return 1
+  echo "FAIL: $1: no training step within 120 s"; cat "$tmp/$1".*.log; fail=1
+  for r in ${ranks[$1]}; do kill -9 "${pid[$r]}" 2>/dev/null; wait "${pid[$r]}" 2>/dev/null; done
+  return 1
 }
 # expect_exit NAME MAX_S PATTERN RANKS...: each rank must exit non-zero
 # within MAX_S seconds (from now) with PATTERN in its output.
