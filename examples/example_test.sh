@@ -9,9 +9,11 @@ tmp="${TEST_TMPDIR:-/tmp}"
 out=$(timeout 300 "$train" --nproc 2 --steps 8 --ckpt-dir "$tmp/ckpt" 2>&1) || {
   echo "FAIL: $train exited non-zero"; echo "$out"; exit 1; }
 echo "$out"
-losses=$(echo "$out" | grep -o 'loss [0-9.]*' | grep -v validation | awk '{print $2}')
+# The step losses only ("step N loss X"; not the validation loss).
+losses=$(echo "$out" | grep -o 'step [0-9]* loss [0-9.]*' | awk '{print $4}')
 first=$(echo "$losses" | head -1); last=$(echo "$losses" | sed -n 8p)
-[[ $(echo "$losses" | wc -l) -ge 8 ]] || { echo "FAIL: expected 8 step losses"; exit 1; }
+[[ "$(echo "$out" | grep -o 'step [0-9]* loss' | awk '{print $2}' | tr '\n' ' ')" == "1 2 3 4 5 6 7 8 " ]] || {
+  echo "FAIL: expected the losses of steps 1 to 8"; exit 1; }
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || { echo "FAIL: loss did not fall ($first -> $last)"; exit 1; }
 [[ -f "$tmp/ckpt/metadata.json" ]] || { echo "FAIL: no checkpoint metadata in $tmp/ckpt"; ls -R "$tmp"; exit 1; }
 [[ $(ls "$tmp/ckpt" | grep -c safetensors) -ge 2 ]] || { echo "FAIL: expected a shard file per rank"; ls "$tmp/ckpt"; exit 1; }
