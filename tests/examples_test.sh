@@ -235,6 +235,30 @@ if "$FSDP2_PYTHON" "$hf_reference" prepare "$tmp/hf" >"$tmp/hf_prepare.log" 2>&1
   if [[ ! -f "$tmp/hf_saved/model.safetensors" ]] || ! grep -q '"dtype": "bfloat16"' "$tmp/hf_saved/config.json"; then
     echo "FAIL: --save-hf did not write a bfloat16 model.safetensors and config.json"; fail=1
   fi
+  # The tensors themselves, whose dtype config.json does not decide: the
+  # safetensors header (an 8-byte little-endian length, then JSON) must
+  # give every tensor of the model as BF16, 2 bytes an element.
+  dtypes=$("$FSDP2_PYTHON" - "$tmp/hf_saved/model.safetensors" "$tmp/hf/qwen2/model.safetensors" <<'PY' 2>&1
+import json, math, struct, sys
+def header(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        h = json.loads(f.read(n))
+    h.pop("__metadata__", None)
+    return h
+saved, original = header(sys.argv[1]), header(sys.argv[2])
+if sorted(saved) != sorted(original):
+    print("wrong: not the model's tensors:", sorted(saved), sorted(original))
+for name, t in sorted(saved.items()):
+    begin, end = t["data_offsets"]
+    ok = t["dtype"] == "BF16" and end - begin == 2 * math.prod(t["shape"])
+    print(("" if ok else "wrong: ") + name + " " + t["dtype"] + " " + str(t["shape"]))
+PY
+  )
+  if [[ $? -ne 0 ]] || ! grep -q "^model.embed_tokens.weight BF16" <<<"$dtypes" \
+     || grep -q "^wrong" <<<"$dtypes"; then
+    echo "FAIL: --save-hf-dtype bfloat16 should store every tensor as BF16:"; echo "$dtypes"; fail=1
+  fi
 else
   echo "FAIL: hf_reference.py prepare"; cat "$tmp/hf_prepare.log"; fail=1
 fi

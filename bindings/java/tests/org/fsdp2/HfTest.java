@@ -109,5 +109,42 @@ class HfTest {
     assertTrue(Files.exists(saved.resolve("model.safetensors")), "no model.safetensors");
     String config = Files.readString(saved.resolve("config.json"));
     assertTrue(config.contains("\"dtype\": \"bfloat16\""), config);
+    // The tensors themselves (config.json does not decide their dtype): every one of the model's
+    // is stored as BF16, 2 bytes an element.
+    Map<String, String> savedTypes = dtypes(saved.resolve("model.safetensors"));
+    Map<String, String> originalTypes = dtypes(dir.resolve("qwen2").resolve("model.safetensors"));
+    assertEquals(originalTypes.keySet(), savedTypes.keySet(), "the saved tensors");
+    for (Map.Entry<String, String> e : savedTypes.entrySet()) {
+      assertEquals("BF16 2", e.getValue(), e.getKey() + ": dtype and bytes an element");
+    }
+  }
+
+  /**
+   * Each tensor's dtype and bytes per element, from a safetensors file's header (an 8-byte
+   * little-endian length, then JSON, its keys in any order).
+   */
+  private static Map<String, String> dtypes(Path path) throws Exception {
+    ByteBuffer file = ByteBuffer.wrap(Files.readAllBytes(path)).order(ByteOrder.LITTLE_ENDIAN);
+    int headerLength = (int) file.getLong(0);
+    String header = new String(file.array(), 8, headerLength, StandardCharsets.UTF_8);
+    Matcher entry = Pattern.compile("\"([^\"]+)\":\\{([^{}]*)\\}").matcher(header);
+    Map<String, String> types = new HashMap<>();
+    while (entry.find()) {
+      if (entry.group(1).equals("__metadata__")) continue;
+      String body = entry.group(2);
+      Matcher dtype = Pattern.compile("\"dtype\":\"(\\w+)\"").matcher(body);
+      Matcher shape = Pattern.compile("\"shape\":\\[([0-9,]*)\\]").matcher(body);
+      Matcher offsets = Pattern.compile("\"data_offsets\":\\[(\\d+),(\\d+)\\]").matcher(body);
+      assertTrue(dtype.find() && shape.find() && offsets.find(), entry.group());
+      long elements = 1;
+      for (String d : shape.group(1).isEmpty() ? new String[0] : shape.group(1).split(",")) {
+        elements *= Long.parseLong(d);
+      }
+      long bytes = Long.parseLong(offsets.group(2)) - Long.parseLong(offsets.group(1));
+      types.put(entry.group(1), dtype.group(1) + " "
+          + (elements == 0 || bytes % elements != 0 ? bytes + " bytes" : bytes / elements));
+    }
+    assertTrue(types.size() > 0, header);
+    return types;
   }
 }
