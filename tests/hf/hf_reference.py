@@ -9,6 +9,15 @@ processes as possible (importing transformers takes seconds):
   check DATA DIR...   for each directory fsdp2 saved: the layout
                 save_pretrained's readers need, and its logits of DATA's
                 eval tokens through from_pretrained in DIR.logits.safetensors
+  tuned ORIGINAL SAVED ...   what examples/finetune_hf.py saved after
+                fine-tuning ORIGINAL on a token file of one window repeated
+                (so that every batch, whatever the sampler, is that window):
+                the layout; frozen tensors bit for bit ORIGINAL's and every
+                other one changed; transformers' own fine-tune of ORIGINAL
+                (AdamW as the example's, clipping) gives the example's step
+                losses and the logits of SAVED through from_pretrained; and
+                SAVED's loss on the window is the validation loss the
+                example printed from its model in memory
 
 Cases: llama (Llama 3 rotary scaling, every bias, head_dim * heads !=
 hidden_size, nine shards), mistral (one key/value head, sliding window 4 <
@@ -172,6 +181,86 @@ def check(args):
                       path + ".logits.safetensors")
 
 
+def tensors(path):
+    """Every tensor of a checkpoint directory (one file or shards)."""
+    out = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(path, name)))
+    return out
+
+
+def rel_diff(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def tuned(args):
+    import numpy as np
+
+    layout(args.saved)
+    tokens = torch.from_numpy(np.fromfile(args.tokens, dtype=args.token_dtype).astype(np.int64))
+    window = tokens[:args.block_size + 1]
+    repeats = tokens.numel() // window.numel()
+    assert repeats > 1 and torch.equal(tokens, window.repeat(repeats)), \
+        "the token file must be one window repeated"
+    globs = [g for g in args.frozen.split(",") if g]
+    frozen = lambda name: any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+    # The tensors: frozen ones bit for bit the original's, the others trained.
+    original, saved = tensors(args.original), tensors(args.saved)
+    assert sorted(saved) == sorted(original), (sorted(saved), sorted(original))
+    assert any(frozen(k) for k in original), f"no tensor matches {globs}"
+    for k in sorted(original):
+        a, b = original[k], saved[k]
+        assert a.dtype == b.dtype and a.shape == b.shape, (k, a.dtype, b.dtype, a.shape, b.shape)
+        same = torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
+        if frozen(k):
+            assert same, f"{k} is frozen but was saved with other values"
+        else:
+            assert not same, f"{k} is trained but was saved with its original values"
+    print(f"tensors ok: frozen ones unchanged bit for bit ({sum(map(frozen, original))}), "
+          f"trained ones changed ({sum(not frozen(k) for k in original)})")
+
+    # transformers fine-tunes ORIGINAL as the example does.
+    inputs = window[:-1].repeat(args.rows, 1)
+    targets = window[1:].repeat(args.rows, 1)
+    model = load(args.original)
+    trained = []
+    for name, p in model.named_parameters():
+        if frozen(name):
+            p.requires_grad_(False)
+        else:
+            trained.append(p)
+    opt = torch.optim.AdamW(trained, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    losses = []
+    for _ in range(len(args.losses)):
+        out = model(input_ids=inputs).logits.float()
+        loss = F.cross_entropy(out.reshape(-1, out.size(-1)), targets.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, args.clip)
+        opt.step()
+        losses.append(loss.item())
+    worst = max(abs(a - b) for a, b in zip(losses, args.losses))
+    print(f"losses: the example's {args.losses}, transformers' "
+          f"{[round(l, 4) for l in losses]}; worst difference {worst:.1e}")
+    assert worst <= 2e-4, "the example's losses are not transformers' fine-tune's"
+
+    # SAVED through from_pretrained: the fine-tuned model's logits, and the
+    # loss the example's model had in memory.
+    eval_tokens = torch.cat([inputs[:1], load_file(args.data)["eval"]])
+    with torch.no_grad():
+        want = model(input_ids=eval_tokens).logits
+        got = load(args.saved)(input_ids=eval_tokens).logits
+    logits = rel_diff(got, want)
+    out = got[:1].float()
+    val = F.cross_entropy(out.reshape(-1, out.size(-1)), targets[0]).item()
+    print(f"logits of the saved model: relative difference {logits:.1e} from transformers' "
+          f"fine-tune; its loss {val:.6f}, the example's validation loss {args.val_loss}")
+    assert logits <= args.logits_tolerance, "the saved model's logits differ"
+    assert abs(val - args.val_loss) <= 1.5e-4, "the saved model is not the example's"
+
+
 def main():
     os.environ.setdefault("TQDM_DISABLE", "1")
     p = argparse.ArgumentParser()
@@ -183,6 +272,23 @@ def main():
     c.add_argument("data")
     c.add_argument("dirs", nargs="+")
     c.set_defaults(fn=check)
+    t = sub.add_parser("tuned")
+    t.add_argument("original")
+    t.add_argument("saved")
+    t.add_argument("--data", required=True, help="prepare's data.safetensors (eval tokens)")
+    t.add_argument("--tokens", required=True, help="the example's token file")
+    t.add_argument("--token-dtype", default="uint16")
+    t.add_argument("--block-size", type=int, required=True)
+    t.add_argument("--rows", type=int, required=True, help="the global batch")
+    t.add_argument("--frozen", default="")
+    t.add_argument("--lr", type=float, required=True)
+    t.add_argument("--clip", type=float, required=True)
+    t.add_argument("--losses", type=float, nargs="+", required=True,
+                   help="the example's step losses")
+    t.add_argument("--val-loss", type=float, required=True,
+                   help="the example's validation loss")
+    t.add_argument("--logits-tolerance", type=float, default=1e-5)
+    t.set_defaults(fn=tuned)
     args = p.parse_args()
     torch.set_num_threads(1)
     args.fn(args)
