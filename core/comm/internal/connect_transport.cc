@@ -15,18 +15,12 @@
 #include "core/comm/internal/shm_segment.h"
 #include "core/comm/internal/shm_transport.h"
 #include "core/comm/internal/single_rank_transport.h"
+#include "core/comm/internal/store_bytes.h"
 
 namespace fsdp2 {
 namespace comm {
 namespace internal {
 namespace {
-
-std::vector<uint8_t> Bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-std::string String(const std::vector<uint8_t>& b) {
-  return std::string(b.begin(), b.end());
-}
 
 // Collective: whether the group may use shared memory, decided alike on
 // every rank: only if all of them run on this host and none has FSDP2_SHM=0
