@@ -40,8 +40,8 @@ std::vector<std::unique_ptr<NcclTransport>> NcclTransport::ConnectLanes(
 
 NcclTransport::NcclTransport(std::shared_ptr<Shared> shared, int rank, int world,
                              std::chrono::milliseconds timeout)
-    : Transport(rank, world), shared_(std::move(shared)), nccl_(*shared_->nccl),
-      timeout_(timeout) {}
+    : Transport(rank, world), IssueTurns(shared->order), shared_(std::move(shared)),
+      nccl_(*shared_->nccl), timeout_(timeout) {}
 
 at::Tensor NcclTransport::OnGpu(const at::Tensor& t) const {
   return t.is_cpu() ? t.to(shared_->device) : t;

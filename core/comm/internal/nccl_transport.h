@@ -12,9 +12,10 @@
 //
 // One communicator per process group, as c10d has: the lanes of a group
 // share one ProcessGroupNCCL and issue to it in the order their collectives
-// were issued (issue_order.h). A collective holds its turn while it
-// enqueues its operations and lets the next one go before it waits for
-// completion, so an all-gather is enqueued while a reduce-scatter runs.
+// were issued (issue_order.h: each lane takes its turns as IssueTurns). A
+// collective holds its turn while it enqueues its operations and lets the
+// next one go before it waits for completion, so an all-gather is enqueued
+// while a reduce-scatter runs.
 //
 // Exists only in builds with USE_C10D_NCCL (a CUDA LibTorch, as PyPI's
 // torch 2.11.0 is): compiled and linked in every build, run by
@@ -30,13 +31,14 @@
 #include <vector>
 
 #include "core/comm/internal/c10d.h"
+#include "core/comm/internal/issue_order.h"
 #include "core/comm/internal/transport.h"
 
 namespace fsdp2 {
 namespace comm {
 namespace internal {
 
-class NcclTransport final : public Transport {
+class NcclTransport final : public Transport, public IssueTurns {
  public:
   const char* kind() const override { return "nccl"; }
   // Collective over the `world` ranks sharing `store` (prefixed for this
@@ -59,7 +61,7 @@ class NcclTransport final : public Transport {
   NcclTransport(std::shared_ptr<Shared> shared, int rank, int world,
                 std::chrono::milliseconds timeout);
 
-  IssueOrder* issue_order() override { return &shared_->order; }
+  IssueTurns* issue_turns() override { return this; }
 
   void all_gather_into_flat(const at::Tensor& output,
                             const at::Tensor& input) override;
