@@ -6,9 +6,11 @@
 // buffer. Reduce-scatters that name an algorithm (kRing, kAllReduce) run
 // that algorithm, as on Gloo.
 //
-// NCCL carries device tensors only: a CPU tensor (the flags and counts that
-// checkpoints and loads exchange) travels through a copy on this rank's
-// GPU, the one current when the group was created.
+// NCCL carries device tensors only: ConnectTransport wraps each lane in a
+// StagedTransport (staged_transport.h), through which a CPU tensor (the
+// flags and counts that checkpoints and loads exchange) travels as a copy
+// on this rank's GPU, the one current when the group was created
+// (device()).
 //
 // One communicator per process group, as c10d has: the lanes of a group
 // share one ProcessGroupNCCL and issue to it in the order their collectives
@@ -62,6 +64,8 @@ class NcclTransport final : public Transport, public IssueTurns {
                 std::chrono::milliseconds timeout);
 
   IssueTurns* issue_turns() override { return this; }
+  // The GPU its collectives run on, where CPU tensors are staged.
+  const at::Device& device() const { return shared_->device; }
 
   void all_gather_into_flat(const at::Tensor& output,
                             const at::Tensor& input) override;
@@ -76,8 +80,10 @@ class NcclTransport final : public Transport, public IssueTurns {
   void barrier() override;
 
  private:
-  // `t` on the group's GPU: itself, or a copy of a CPU tensor.
-  at::Tensor OnGpu(const at::Tensor& t) const;
+  // Takes this collective's turn, enqueues it (`issue` returns its Work),
+  // lets the next collective issue, then waits for this one.
+  template <typename Issue>
+  void IssueInTurn(Issue issue);
 
   std::shared_ptr<Shared> shared_;
   ::c10d::Backend& nccl_;  // shared_->nccl
