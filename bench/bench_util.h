@@ -2,7 +2,7 @@
 //
 // What the training benchmarks share: running one configuration as N local
 // ranks of this same binary and reading back what its rank 0 measured, and
-// small helpers (medians, resident memory). Flags: core/flags.
+// small helpers (medians, resident memory). Flags: examples/flags.
 //
 // A configuration runs in fresh processes (LaunchLocal), so every
 // configuration starts from the same state: no allocator or thread pool
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "core/flags/flags.h"
 #include "core/models/gpt.h"
+#include "examples/flags/flags.h"
 
 namespace fsdp2 {
 namespace bench {

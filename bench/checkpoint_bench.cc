@@ -55,10 +55,10 @@
 #include "core/checkpoint/sharded_checkpoint.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
-#include "core/flags/flags.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
 #include "core/models/gpt_module.h"
+#include "examples/flags/flags.h"
 
 namespace fsdp2 {
 namespace bench {

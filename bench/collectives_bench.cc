@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "core/comm/world.h"
-#include "core/flags/flags.h"
 #include "core/launch/local_launcher.h"
+#include "examples/flags/flags.h"
 
 using namespace fsdp2;
 

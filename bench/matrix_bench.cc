@@ -35,10 +35,10 @@
 #include "bench/isa_peak.h"
 #include "bench/ratio_chart.h"
 #include "bench/train_rank.h"
-#include "core/flags/flags.h"
 #include "core/launch/allocator.h"
 #include "core/launch/local_launcher.h"
 #include "core/strategy/fsdp2_strategy.h"
+#include "examples/flags/flags.h"
 
 namespace fsdp2 {
 namespace bench {

@@ -54,7 +54,6 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "core/flags/flags.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
@@ -62,6 +61,7 @@
 #include "core/models/gpt.h"
 #include "core/models/gpt_module.h"
 #include "core/strategy/lazy_zero_grad.h"
+#include "examples/flags/flags.h"
 
 namespace fsdp2 {
 namespace bench {

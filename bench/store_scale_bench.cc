@@ -36,7 +36,7 @@
 #include "core/comm/internal/c10d.h"
 #include "core/comm/internal/host_exchange.h"
 #include "core/comm/internal/peer_check.h"
-#include "core/flags/flags.h"
+#include "examples/flags/flags.h"
 
 namespace fsdp2 {
 namespace {

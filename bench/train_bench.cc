@@ -31,9 +31,9 @@
 
 #include "bench/bench_util.h"
 #include "bench/train_rank.h"
-#include "core/flags/flags.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
+#include "examples/flags/flags.h"
 
 namespace fsdp2 {
 namespace bench {

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "core/flags/flags.h"
 #include "core/models/gpt.h"
+#include "examples/flags/flags.h"
 
 namespace fsdp2 {
 namespace bench {

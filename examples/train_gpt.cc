@@ -44,7 +44,6 @@
 #include "core/checkpoint/hf_checkpoint.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
-#include "core/flags/flags.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/launch/allocator.h"
 #include "core/launch/local_launcher.h"
@@ -55,6 +54,7 @@
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/fsdp_controls.h"
 #include "core/strategy/trainer.h"
+#include "examples/flags/flags.h"
 
 namespace {
 

@@ -44,15 +44,16 @@ struct IssueLog {
 // collective waits `delay` on its lane's worker, takes its turn, then
 // records its name (the tensor's first value) as issued. A tensor whose
 // first value is negative fails before taking its turn.
-class RecordingTransport final : public comm::internal::Transport {
+class RecordingTransport final : public comm::internal::Transport,
+                                 public comm::internal::IssueTurns {
  public:
   RecordingTransport(std::shared_ptr<IssueOrder> order, std::shared_ptr<IssueLog> log,
                      std::string lane, milliseconds delay)
-      : Transport(0, 1), order_(std::move(order)), log_(std::move(log)),
+      : Transport(0, 1), IssueTurns(*order), order_(std::move(order)), log_(std::move(log)),
         lane_(std::move(lane)), delay_(delay) {}
 
   const char* kind() const override { return "recording"; }
-  IssueOrder* issue_order() override { return order_.get(); }
+  IssueTurns* issue_turns() override { return this; }
 
   void all_gather_into_flat(const at::Tensor& output, const at::Tensor&) override {
     Issue("all_gather", output);

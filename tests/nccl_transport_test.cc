@@ -18,6 +18,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include "core/comm/internal/nccl_transport.h"
+#include "core/comm/internal/staged_transport.h"
 
 namespace fsdp2 {
 namespace testing {
@@ -74,9 +75,12 @@ TEST(NcclTransport, EveryCollectiveOnCudaTensors) {
 }
 
 // CPU tensors (the flags and counts checkpoints exchange) travel through
-// the group's GPU: every collective, results back in the CPU tensors.
+// the group's GPU, staged as ConnectTransport stages every NCCL lane: every
+// collective, results back in the CPU tensors.
 TEST(NcclTransport, CpuTensorsTravelThroughTheGpu) {
-  auto t = Connect();
+  auto nccl = Connect();
+  const at::Device gpu = nccl->device();
+  auto t = comm::internal::StagedTransport::ThroughDevice(std::move(nccl), gpu);
   const int64_t n = 100;
   auto cpu = [&] { return at::arange(n, at::kDouble).add(1); };
   at::Tensor out = at::empty({n}, at::kDouble);

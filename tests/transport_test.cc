@@ -323,7 +323,7 @@ FSDP2_SCENARIO(connect_transport) {
   options.timeout = kTimeout;
   std::unique_ptr<Transport> t = comm::internal::ConnectTransport(options);
   const std::string expected = args.at(0);
-  // Host transports come wrapped for device tensors (HostStagedTransport);
+  // Host transports come wrapped for device tensors (StagedTransport);
   // kind() names the one that carries the bytes.
   Check(std::string(t->kind()) == expected, "a transport of kind " + expected);
   CheckCollectives(*t, at::kFloat, 5,

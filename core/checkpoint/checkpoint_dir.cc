@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <regex>
 
-#include "core/checkpoint/internal/rank0_error.h"
+#include "core/checkpoint/internal/shared_error.h"
 #include "core/checkpoint/internal/swap.h"
 #include "core/common/error.h"
 

@@ -19,7 +19,7 @@
 #include "core/checkpoint/internal/optimizer_state.h"
 #include "core/checkpoint/internal/param_layout.h"
 #include "core/checkpoint/checkpoint_dir.h"
-#include "core/checkpoint/internal/rank0_error.h"
+#include "core/checkpoint/internal/shared_error.h"
 #include "core/checkpoint/internal/swap.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/fsdp/fully_shard.h"
@@ -364,13 +364,9 @@ std::map<std::string, std::string> LoadFullCheckpoint(const std::string& target,
   }
   // A read that fails here (the disk, or the file rewritten in place since
   // rank 0 checked it) leaves parameters partly loaded: every rank says so.
-  at::Tensor failed = at::full({1}, read_error.empty() ? 0.0 : 1.0, at::kDouble);
-  world.group()->all_reduce(failed, comm::ReduceOp::kMax).wait();
-  if (failed.item<double>() != 0) {
-    throw IoError((read_error.empty() ? path + ": another rank could not read its rows"
-                                      : read_error) +
-                  "; the model's parameters are partly loaded: load a checkpoint again");
-  }
+  const std::string partly = "; the model's parameters are partly loaded: load a checkpoint again";
+  internal::ThrowIfAnyRankFailed(read_error.empty() ? "" : read_error + partly, world,
+                                 path + ": another rank could not read its rows" + partly);
   for (auto& [s, st] : states) internal::SetState(*optimizer, kind, s->shard, st);
   world.group()->barrier().wait();
   return nlohmann::json::parse(f.metadata().at("progress"))

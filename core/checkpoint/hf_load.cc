@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "core/checkpoint/hf_checkpoint.h"
 #include "core/checkpoint/internal/param_layout.h"
+#include "core/checkpoint/internal/shared_error.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/common/error.h"
 
@@ -163,12 +165,11 @@ void LoadHfWeights(const std::string& path, torch::nn::Module& root, comm::World
   } catch (const std::exception& e) {
     error = e.what();
   }
-  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0 + world.rank(), at::kDouble);
-  world.group()->all_reduce(failed, comm::ReduceOp::kMax).wait();
-  if (failed.item<double>() != 0) {
-    if (!error.empty()) throw IoError(error);
-    throw IoError("rank " + std::to_string(static_cast<int>(failed.item<double>()) - 1) +
-                  " rejected Hugging Face checkpoint " + path + " (see its error)");
+  if (const std::optional<int> failed = internal::FailedRank(error, world)) {
+    throw IoError(!error.empty() ? error
+                                 : "rank " + std::to_string(*failed) +
+                                       " rejected Hugging Face checkpoint " + path +
+                                       " (see its error)");
   }
   std::string read_error;
   try {
@@ -188,13 +189,9 @@ void LoadHfWeights(const std::string& path, torch::nn::Module& root, comm::World
     read_error = e.what();
   }
   // A read that fails here leaves parameters partly loaded: every rank says so.
-  at::Tensor read_failed = at::full({1}, read_error.empty() ? 0.0 : 1.0, at::kDouble);
-  world.group()->all_reduce(read_failed, comm::ReduceOp::kMax).wait();
-  if (read_failed.item<double>() != 0) {
-    throw IoError((read_error.empty() ? path + ": another rank could not read its rows"
-                                      : read_error) +
-                  "; the model's parameters are partly loaded: load the checkpoint again");
-  }
+  const std::string partly = "; the model's parameters are partly loaded: load the checkpoint again";
+  internal::ThrowIfAnyRankFailed(read_error.empty() ? "" : read_error + partly, world,
+                                 path + ": another rank could not read its rows" + partly);
 }
 
 }  // namespace checkpoint

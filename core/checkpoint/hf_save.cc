@@ -12,7 +12,7 @@
 
 #include "core/checkpoint/hf_checkpoint.h"
 #include "core/checkpoint/internal/param_layout.h"
-#include "core/checkpoint/internal/rank0_error.h"
+#include "core/checkpoint/internal/shared_error.h"
 #include "core/checkpoint/internal/swap.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/common/error.h"

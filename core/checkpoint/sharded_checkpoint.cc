@@ -15,7 +15,7 @@
 #include "core/checkpoint/internal/host_staging.h"
 #include "core/checkpoint/internal/optimizer_state.h"
 #include "core/checkpoint/internal/param_layout.h"
-#include "core/checkpoint/internal/rank0_error.h"
+#include "core/checkpoint/internal/shared_error.h"
 #include "core/checkpoint/internal/swap.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/fsdp/fully_shard.h"
@@ -277,13 +277,8 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
       corrupt = e.what();
     }
   }
-  at::Tensor failed = at::full({1}, corrupt.empty() ? 0.0 : 1.0, at::kDouble);
-  world.group()->all_reduce(failed, comm::ReduceOp::kMax).wait();
-  if (failed.item<double>() != 0) {
-    throw IoError(corrupt.empty() ? dir + ": a shard file is corrupted (another rank "
-                                                     "found a checksum mismatch)"
-                                             : corrupt);
-  }
+  internal::ThrowIfAnyRankFailed(
+      corrupt, world, dir + ": a shard file is corrupted (another rank found a checksum mismatch)");
   // Everything is read and checked before anything is written.
   // Which rows of which files make rows [row_start, row_start + rows) of a
   // full tensor: every piece checked to have rows of the model's width, and
@@ -444,13 +439,9 @@ std::map<std::string, std::string> LoadShardedCheckpoint(
   // A read that fails here (the disk, or a file changed in place after its
   // check) leaves parameters partly loaded, on this rank or another: every
   // rank says so.
-  failed.fill_(read_error.empty() ? 0.0 : 1.0);
-  world.group()->all_reduce(failed, comm::ReduceOp::kMax).wait();
-  if (failed.item<double>() != 0) {
-    throw IoError((read_error.empty() ? dir + ": another rank could not read its rows"
-                                      : read_error) +
-                  "; the model's parameters are partly loaded: load a checkpoint again");
-  }
+  const std::string partly = "; the model's parameters are partly loaded: load a checkpoint again";
+  internal::ThrowIfAnyRankFailed(read_error.empty() ? "" : read_error + partly, world,
+                                 dir + ": another rank could not read its rows" + partly);
   for (auto& [s, st] : states) SetState(*optimizer, kind, s->shard, st);
   world.group()->barrier().wait();
   return m.value("progress", std::map<std::string, std::string>{});

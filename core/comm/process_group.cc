@@ -113,12 +113,12 @@ CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
   // Lanes sharing one communicator issue in the order the collectives were
   // issued here (internal/issue_order.h): the ticket is taken last, with
   // the queueing, so that every ticket taken reaches its lane in order.
-  internal::IssueOrder* order = transport->issue_order();
+  internal::IssueTurns* turns = transport->issue_turns();
   std::unique_lock<std::mutex> issuing(impl.issue_mu, std::defer_lock);
-  if (order != nullptr) issuing.lock();
-  const int64_t ticket = order != nullptr ? order->Take() : -1;
+  if (turns != nullptr) issuing.lock();
+  const int64_t ticket = turns != nullptr ? turns->issue_order()->Take() : -1;
   return impl.lanes[static_cast<int>(lane)]->submit(
-      [transport, peers, op, ticket, body = std::move(body), where = std::move(where)] {
+      [transport, turns, peers, op, ticket, body = std::move(body), where = std::move(where)] {
         // What the store says of the group's peers, after the failure.
         auto lost = [peers, op](const std::string& what) {
           return peers->store ? "; " + peers->Describe(std::string(op) + ": " + what)
@@ -126,15 +126,15 @@ CommHandle RunCollective(ProcessGroup::Impl& impl, Lane lane, const char* op,
         };
         try {
           try {
-            transport->set_ticket(ticket);
+            if (turns != nullptr) turns->set_ticket(ticket);
             body(*transport);
           } catch (...) {
             // A failure before the turn was taken: take and release it now,
             // before asking the store, so the collectives behind it go on.
-            transport->turn_unused_ticket();
+            if (turns != nullptr) turns->turn_unused_ticket();
             throw;
           }
-          transport->turn_unused_ticket();
+          if (turns != nullptr) turns->turn_unused_ticket();
         } catch (const Error& e) {
           ThrowError(e.code(), where + e.what() + lost(e.what()));
         } catch (const c10::Error& e) {

@@ -12,6 +12,7 @@
 #include "core/comm/internal/host.h"
 #include "core/comm/internal/host_exchange.h"
 #include "core/comm/internal/process_group_impl.h"
+#include "core/comm/internal/store_bytes.h"
 
 namespace fsdp2 {
 namespace comm {
@@ -32,10 +33,6 @@ int EnvInt(const char* name, int fallback) {
 std::string EnvString(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
   return (value == nullptr || *value == '\0') ? fallback : std::string(value);
-}
-
-std::vector<uint8_t> Bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
 }
 
 bool IsLoopback(const std::string& addr) {
@@ -82,12 +79,11 @@ std::string World::host_name(int rank) const {
 const std::string& World::network() const { return impl_->network; }
 
 void World::store_set(const std::string& key, const std::string& value) {
-  impl_->store->set("fsdp2/user/" + key, Bytes(value));
+  impl_->store->set("fsdp2/user/" + key, internal::Bytes(value));
 }
 
 std::string World::store_get(const std::string& key) {
-  auto v = impl_->store->get("fsdp2/user/" + key);
-  return std::string(v.begin(), v.end());
+  return internal::String(impl_->store->get("fsdp2/user/" + key));
 }
 
 std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
@@ -135,10 +131,9 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
     // Every rank must have been started with the same world size; rank 0
     // publishes its own and the others compare.
     if (rank == 0) {
-      impl->store->set("fsdp2/world_size", Bytes(std::to_string(world_size)));
+      impl->store->set("fsdp2/world_size", internal::Bytes(std::to_string(world_size)));
     }
-    auto theirs = impl->store->get("fsdp2/world_size");
-    int rank0_world = std::stoi(std::string(theirs.begin(), theirs.end()));
+    int rank0_world = std::stoi(internal::String(impl->store->get("fsdp2/world_size")));
     if (rank0_world != world_size) {
       std::ostringstream msg;
       msg << "world size mismatch: this rank was started with WORLD_SIZE="

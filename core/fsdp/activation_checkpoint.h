@@ -125,7 +125,7 @@ bool UseCheckpoint(const torch::nn::Module* module);
 // Runs `run(inputs)` (the module's forward on these tensor inputs, returning
 // its flattened output tensors) as a checkpointed region: see the file
 // comment. `unit` is the module's FSDP unit or null. Called by
-// fsdp::forward through CheckpointedForward (fully_shard.h).
+// fsdp::forward through CheckpointedForward (forward_detail.h).
 using RunFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 std::vector<at::Tensor> CheckpointForward(FSDPUnit* unit,
                                           torch::nn::Module* module, RunFn run,

@@ -14,10 +14,10 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/fsdp/assign_data.h"
 #include "core/fsdp/internal/deferred_log.h"
 #include "core/fsdp/internal/fsdp_param.h"
 #include "core/fsdp/internal/fsdp_unit.h"
-#include "core/fsdp/internal/storage.h"
 #include "core/fsdp/internal/unit_registry.h"
 
 namespace fsdp2 {
@@ -206,15 +206,15 @@ void WriteTarget(const Target& target, const at::Tensor& full,
     at::Tensor shard = rows.to(to, rows.scalar_type(), /*non_blocking=*/false,
                                /*copy=*/true, at::MemoryFormat::Contiguous)
                            .view(target.tensor.sizes());
-    internal::AssignData(target.tensor, shard);
+    assign_data(target.tensor, shard);
   } else if (to != full.device()) {
-    internal::AssignData(target.tensor, full.to(to, full.scalar_type(), /*non_blocking=*/false,
-                                                /*copy=*/true, at::MemoryFormat::Contiguous));
+    assign_data(target.tensor, full.to(to, full.scalar_type(), /*non_blocking=*/false,
+                                       /*copy=*/true, at::MemoryFormat::Contiguous));
   } else {
     const bool owns_storage = full.storage_offset() == 0 &&
                               full.is_contiguous() &&
                               full.storage().nbytes() == full.nbytes();
-    internal::AssignData(target.tensor, owns_storage ? full : full.clone());
+    assign_data(target.tensor, owns_storage ? full : full.clone());
   }
 }
 

@@ -50,6 +50,12 @@
 // Thread-safety: one training thread per process. The backward pass must be
 // run with Tensor::backward() / torch::autograd::backward (not
 // torch::autograd::grad) and without retain_graph.
+//
+// This header also brings in what is used with sharded modules, each in a
+// file of its own: gradient clipping (clip_grad.h), full state dicts and
+// each parameter's rows (state_dict.h), memory and communication statistics
+// (stats.h), and the options (fsdp_options.h, mixed_precision.h).
+// forward()'s templates are in forward_detail.h.
 #ifndef FSDP2_CORE_FSDP_FULLY_SHARD_H_
 #define FSDP2_CORE_FSDP_FULLY_SHARD_H_
 
@@ -58,17 +64,15 @@
 
 #include <memory>
 #include <string>
-#include <tuple>
-#include <type_traits>
-#include <unordered_set>
-#include <utility>
 #include <vector>
 
 #include "core/comm/device_mesh.h"
 #include "core/comm/process_group.h"
 #include "core/fsdp/activation_checkpoint.h"
+#include "core/fsdp/clip_grad.h"
 #include "core/fsdp/fsdp_options.h"
 #include "core/fsdp/mixed_precision.h"
+#include "core/fsdp/state_dict.h"
 #include "core/fsdp/stats.h"
 
 namespace fsdp2 {
@@ -181,287 +185,18 @@ void set_modules_to_backward_prefetch(
 // reaches before it.
 void check_prefetch_lists(torch::nn::Module& root);
 
-// Parameters whose local tensor is one block of a tensor split over `group`
-// (tensor parallelism, see core/tp): clip_grad_norm_ sums their norms over
-// `group`. Every other parameter is the same on each rank of `group` and
-// counts once.
-struct SplitParameters {
-  std::shared_ptr<comm::ProcessGroup> group;  // null or size 1: none split
-  std::unordered_set<std::string> names;  // as root.named_parameters() names them
-};
-
-// Clips the gradients of every parameter under `root` (the local shards'
-// .grad) so that their global norm is at most `max_norm`, like
-// torch::nn::utils::clip_grad_norm_ on the unsharded model: every element
-// of every parameter counts once (tied parameters too), shards summed over
-// their shard groups, `split` blocks over split.group, parameters outside
-// FSDP as this rank holds them. norm_type may be infinity. Returns the
-// global norm before clipping. Collective over the shard groups and
-// split.group.
-double clip_grad_norm_(torch::nn::Module& root, double max_norm,
-                       double norm_type = 2.0,
-                       const SplitParameters& split = {});
-
-// Per-rank bytes held by the sharded modules under `root`.
-MemoryStats memory_stats(torch::nn::Module& root);
-// High-water mark of all-gathered parameter bytes alive at once in this
-// process since the last reset.
-int64_t peak_unsharded_param_bytes();
-// Restarts that high-water mark from the bytes alive now (process-wide).
-void reset_peak_unsharded_param_bytes();
-
-// The engine's buffer pool (see BufferPoolStats), and a way to give the
-// buffers it keeps for the next step back to the system, e.g. after
-// training. Thread-safe.
-BufferPoolStats buffer_pool_stats();
-// Frees the buffers the pool keeps for reuse (kept_bytes becomes 0); buffers
-// in use are not touched and return to the pool when released.
-void release_buffer_pool();
-
-// The communication waits of `module`'s unit since its last reset. Throws
-// std::invalid_argument if `module` is not sharded.
-CommWaitStats comm_wait_stats(const torch::nn::Module& module);
-// Resets the waits of every sharded module under `root`.
-void reset_comm_wait_stats(torch::nn::Module& root);
-
-// The full (unsharded) value of every parameter under `root`, named as
-// root.named_parameters() names them, in the parameters' own dtype (the
-// masters under mixed precision), as new tensors. Collective: every rank of
-// every shard group under `root` calls it.
-std::vector<std::pair<std::string, at::Tensor>> full_state_dict(
-    torch::nn::Module& root);
-
-// Copies full values into the sharded parameters under `root`: each rank
-// keeps its own rows. Names as in full_state_dict(). Throws
-// std::invalid_argument naming the parameter on a missing or unexpected name
-// (when `strict`) or a shape mismatch; nothing is modified then.
-void load_full_state_dict(
-    torch::nn::Module& root,
-    const std::vector<std::pair<std::string, at::Tensor>>& state,
-    bool strict = true);
-
-// Where each parameter under `root` lives on this rank, for checkpoints.
-struct ShardInfo {
-  std::string name;            // as root.named_parameters() names it
-  at::Tensor shard;            // the optimizer's parameter (local rows)
-  std::vector<int64_t> global_shape;  // the unsharded parameter's shape
-  int64_t rows = 0;            // global dim-0 size (1 for 0-d parameters)
-  int64_t row_start = 0;       // first global row held here
-  int64_t local_rows = 0;      // rows held here (0 on ranks past the end)
-  // True on exactly one rank per distinct row range: replicas (NO_SHARD,
-  // HYBRID_SHARD's other groups, parameters outside FSDP) are not primary.
-  bool primary = true;
-  // The ranks that hold the other rows (null: this rank holds them all), and
-  // the padded rows per rank that an all-gather over that group exchanges.
-  std::shared_ptr<comm::ProcessGroup> group;
-  int64_t shard_rows = 0;      // padded rows per rank (rows for a replica)
-};
-
-// The full value of a tensor shaped like `info.shard` (the shard itself, or
-// optimizer state that shards the same way), gathered over info.group.
-// Collective over that group.
-at::Tensor gather_rows(const ShardInfo& info, const at::Tensor& local);
-// One ShardInfo per parameter under `root`, in named_parameters() order.
-// `world_rank` decides `primary` for parameters outside FSDP (rank 0's
-// copy is primary). Local: no communication.
-std::vector<ShardInfo> shard_info(torch::nn::Module& root, int world_rank);
-
-namespace internal {
-
-// Called by forward(); see FSDPUnit.
-FSDPUnit* FindUnit(const torch::nn::Module* module);
-void PreForward(FSDPUnit* unit);
-at::Tensor CastInput(FSDPUnit* unit, const at::Tensor& t);
-std::vector<at::Tensor> PostForward(FSDPUnit* unit,
-                                    std::vector<at::Tensor> outputs);
-void AbortForward(FSDPUnit* unit);
-
-inline torch::nn::Module* ModulePtr(const std::shared_ptr<torch::nn::Module>& m) {
-  return m.get();
-}
-template <typename Impl>
-torch::nn::Module* ModulePtr(const std::shared_ptr<Impl>& m) {
-  return m.get();
-}
-template <typename Impl>
-torch::nn::Module* ModulePtr(const torch::nn::ModuleHolder<Impl>& m) {
-  return m.ptr().get();
-}
-
-inline at::Tensor CastArg(FSDPUnit* unit, const at::Tensor& arg) {
-  return CastInput(unit, arg);
-}
-template <typename T, typename = std::enable_if_t<
-                          !std::is_same<std::decay_t<T>, at::Tensor>::value>>
-T&& CastArg(FSDPUnit*, T&& arg) {
-  return std::forward<T>(arg);
-}
-
-// Flattens the tensors of a forward's result, and rebuilds it from them.
-template <typename T>
-struct OutputTensors {
-  static_assert(sizeof(T) == 0,
-                "fsdp::forward supports modules returning at::Tensor, "
-                "std::vector<at::Tensor>, or std::tuple/std::pair of those");
-};
-template <>
-struct OutputTensors<at::Tensor> {
-  static void collect(const at::Tensor& t, std::vector<at::Tensor>& out) {
-    out.push_back(t);
-  }
-  static at::Tensor rebuild(const at::Tensor&, std::vector<at::Tensor>& in,
-                            size_t& i) {
-    return in[i++];
-  }
-};
-template <>
-struct OutputTensors<std::vector<at::Tensor>> {
-  static void collect(const std::vector<at::Tensor>& v,
-                      std::vector<at::Tensor>& out) {
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  static std::vector<at::Tensor> rebuild(const std::vector<at::Tensor>& v,
-                                         std::vector<at::Tensor>& in,
-                                         size_t& i) {
-    std::vector<at::Tensor> r(in.begin() + i, in.begin() + i + v.size());
-    i += v.size();
-    return r;
-  }
-};
-template <typename... Ts>
-struct OutputTensors<std::tuple<Ts...>> {
-  static void collect(const std::tuple<Ts...>& t,
-                      std::vector<at::Tensor>& out) {
-    std::apply([&](const auto&... e) {
-      (OutputTensors<std::decay_t<decltype(e)>>::collect(e, out), ...);
-    }, t);
-  }
-  static std::tuple<Ts...> rebuild(const std::tuple<Ts...>& t,
-                                   std::vector<at::Tensor>& in, size_t& i) {
-    return std::apply([&](const auto&... e) {
-      return std::tuple<Ts...>{
-          OutputTensors<std::decay_t<decltype(e)>>::rebuild(e, in, i)...};
-    }, t);
-  }
-};
-template <typename A, typename B>
-struct OutputTensors<std::pair<A, B>> {
-  static void collect(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
-    OutputTensors<A>::collect(p.first, out);
-    OutputTensors<B>::collect(p.second, out);
-  }
-  static std::pair<A, B> rebuild(const std::pair<A, B>& p,
-                                 std::vector<at::Tensor>& in, size_t& i) {
-    A a = OutputTensors<A>::rebuild(p.first, in, i);
-    B b = OutputTensors<B>::rebuild(p.second, in, i);
-    return {std::move(a), std::move(b)};
-  }
-};
-
-// ---- activation checkpointing (activation_checkpoint.h): a forward's
-// arguments kept for its recomputation. Tensors are not kept here (the
-// recomputation gets them back as its inputs); other values are copied.
-template <typename T>
-struct KeptArg {
-  static_assert(!std::is_same<T, std::vector<at::Tensor>>::value &&
-                    !std::is_same<T, c10::optional<at::Tensor>>::value,
-                "a checkpointed module's forward takes tensors as at::Tensor "
-                "arguments (gradients flow into those only)");
-  explicit KeptArg(const T& v) : value(v) {}
-  const T& get(const std::vector<at::Tensor>&, size_t&) const { return value; }
-  T value;
-};
-template <>
-struct KeptArg<at::Tensor> {
-  explicit KeptArg(const at::Tensor&) {}
-  const at::Tensor& get(const std::vector<at::Tensor>& inputs, size_t& next) const {
-    return inputs[next++];
-  }
-};
-
-inline void CollectTensorArg(FSDPUnit* unit, const at::Tensor& t,
-                             std::vector<at::Tensor>& out) {
-  out.push_back(unit != nullptr ? CastInput(unit, t) : t);
-}
-template <typename T>
-void CollectTensorArg(FSDPUnit*, const T&, std::vector<at::Tensor>&) {}
-
-// module->forward(args...) as a checkpointed region (CheckpointForward).
-template <typename M, typename... Args>
-auto CheckpointedForward(FSDPUnit* unit, M module, Args&&... args) {
-  using Out = decltype(module->forward(std::forward<Args>(args)...));
-  std::vector<at::Tensor> inputs;
-  (CollectTensorArg(unit, args, inputs), ...);
-  using Kept = std::tuple<KeptArg<std::decay_t<Args>>...>;
-  auto kept = std::make_shared<Kept>(KeptArg<std::decay_t<Args>>(args)...);
-  // The forward's result, to rebuild the output from its tensors; only the
-  // first run (the forward, not the recomputation) fills it.
-  struct Shape {
-    c10::optional<Out> out;
-    bool filled = false;
-  };
-  auto shape = std::make_shared<Shape>();
-  RunFn run = [module, kept, shape](const std::vector<at::Tensor>& tensors) mutable {
-    size_t next = 0;
-    Out out = std::apply(
-        [&](const auto&... k) {
-          // Braced initialisation takes the tensors in argument order.
-          std::tuple<decltype(k.get(tensors, next))...> a{k.get(tensors, next)...};
-          return std::apply([&](const auto&... x) { return module->forward(x...); }, a);
-        },
-        *kept);
-    std::vector<at::Tensor> flat;
-    OutputTensors<Out>::collect(out, flat);
-    if (!shape->filled) {
-      shape->filled = true;
-      shape->out = std::move(out);
-    }
-    return flat;
-  };
-  std::vector<at::Tensor> flat =
-      CheckpointForward(unit, ModulePtr(module), std::move(run), std::move(inputs));
-  size_t i = 0;
-  Out result = OutputTensors<Out>::rebuild(*shape->out, flat, i);
-  shape->out.reset();  // it holds the forward's tensors
-  return result;
-}
-
-}  // namespace internal
-
 // Runs module->forward(args...) under FSDP: unshards before, reshards after
 // and hooks the backward pass. A module that is not sharded just runs.
 // Tensor arguments are cast to param_dtype when the policy asks for it. A
 // module marked with checkpoint_module() runs as a checkpointed region
 // (activation_checkpoint.h), sharded or not.
 template <typename M, typename... Args>
-auto forward(M module, Args&&... args) {
-  torch::nn::Module* ptr = internal::ModulePtr(module);
-  FSDPUnit* unit = internal::FindUnit(ptr);
-  const bool checkpointed = internal::UseCheckpoint(ptr);
-  if (unit == nullptr) {
-    if (checkpointed) {
-      return internal::CheckpointedForward(nullptr, module, std::forward<Args>(args)...);
-    }
-    return module->forward(std::forward<Args>(args)...);
-  }
-  internal::PreForward(unit);
-  using Out = decltype(module->forward(std::forward<Args>(args)...));
-  try {
-    Out out = checkpointed
-                  ? internal::CheckpointedForward(unit, module, std::forward<Args>(args)...)
-                  : module->forward(internal::CastArg(unit, std::forward<Args>(args))...);
-    std::vector<at::Tensor> flat;
-    internal::OutputTensors<Out>::collect(out, flat);
-    flat = internal::PostForward(unit, std::move(flat));
-    size_t i = 0;
-    return internal::OutputTensors<Out>::rebuild(out, flat, i);
-  } catch (...) {
-    internal::AbortForward(unit);
-    throw;
-  }
-}
+auto forward(M module, Args&&... args);
 
 }  // namespace fsdp
 }  // namespace fsdp2
+
+// The definition of forward() and the templates behind it.
+#include "core/fsdp/forward_detail.h"
 
 #endif  // FSDP2_CORE_FSDP_FULLY_SHARD_H_

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "core/common/error.h"
+#include "core/fsdp/assign_data.h"
 #include "core/launch/local_launcher.h"
 
 namespace fsdp2 {
@@ -109,12 +110,7 @@ void MoveRealTensors(torch::nn::Module& module, const c10::Device& device) {
   torch::NoGradGuard no_grad;
   auto move = [&](at::Tensor& t) {
     if (!t.defined() || t.is_meta() || t.device() == device) return;
-    const at::Tensor moved = t.to(device);
-    if (at::_has_compatible_shallow_copy_type(t, moved)) {
-      t.set_data(moved);  // as Module::to (CPU <-> CUDA)
-    } else {              // set_data refuses other pairs (e.g. to meta)
-      t.unsafeGetTensorImpl()->shallow_copy_from(moved.getIntrusivePtr());
-    }
+    fsdp::assign_data(t, t.to(device));
   };
   for (auto& p : module.parameters(/*recurse=*/true)) move(p);
   for (auto& b : module.buffers(/*recurse=*/true)) move(b);

@@ -2,7 +2,7 @@
 //
 // The atomic directory swap both checkpoint formats save through (see
 // checkpoint_dir.h). Rank 0 only; callers share errors with
-// ShareRank0Error.
+// ShareRank0Error (shared_error.h).
 #ifndef FSDP2_CORE_CHECKPOINT_INTERNAL_SWAP_H_
 #define FSDP2_CORE_CHECKPOINT_INTERNAL_SWAP_H_
 

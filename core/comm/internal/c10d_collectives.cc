@@ -101,23 +101,33 @@ void RingReduceScatter(::c10d::Backend& backend, int rank, int world,
   output.view(-1).copy_(chunks[rank]);
 }
 
-void AllReduce(::c10d::Backend& backend, std::chrono::milliseconds timeout,
-               const at::Tensor& tensor, ReduceOp op) {
+c10::intrusive_ptr<::c10d::Work> IssueAllReduce(::c10d::Backend& backend,
+                                                const at::Tensor& tensor, ReduceOp op) {
   std::vector<at::Tensor> tensors{tensor};
   ::c10d::AllreduceOptions opts;
   opts.reduceOp =
       op == ReduceOp::kSum ? ::c10d::ReduceOp::SUM : ::c10d::ReduceOp::MAX;
-  Wait(backend.allreduce(tensors, opts), timeout);
+  return backend.allreduce(tensors, opts);
 }
 
-void BroadcastBits(::c10d::Backend& backend, std::chrono::milliseconds timeout,
-                   const at::Tensor& tensor, int root) {
+void AllReduce(::c10d::Backend& backend, std::chrono::milliseconds timeout,
+               const at::Tensor& tensor, ReduceOp op) {
+  Wait(IssueAllReduce(backend, tensor, op), timeout);
+}
+
+c10::intrusive_ptr<::c10d::Work> IssueBroadcastBits(::c10d::Backend& backend,
+                                                    const at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor.scalar_type() == at::kBFloat16
                                       ? tensor.view(at::kHalf)
                                       : tensor};
   ::c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  Wait(backend.broadcast(tensors, opts), timeout);
+  return backend.broadcast(tensors, opts);
+}
+
+void BroadcastBits(::c10d::Backend& backend, std::chrono::milliseconds timeout,
+                   const at::Tensor& tensor, int root) {
+  Wait(IssueBroadcastBits(backend, tensor, root), timeout);
 }
 
 }  // namespace internal

@@ -6,7 +6,8 @@
 // and the reduce-scatter, and the plain all-reduce and broadcast. Each
 // function is one collective: every rank of the backend's group calls it
 // with the same arguments (tensors aside) in the same order, and it returns
-// when this rank's part is done. Failures throw. Internal to core/comm.
+// when this rank's part is done (an Issue* function: when it is enqueued).
+// Failures throw. Internal to core/comm.
 #ifndef FSDP2_CORE_COMM_INTERNAL_C10D_COLLECTIVES_H_
 #define FSDP2_CORE_COMM_INTERNAL_C10D_COLLECTIVES_H_
 
@@ -45,13 +46,20 @@ void RingReduceScatter(::c10d::Backend& backend, int rank, int world,
                        const at::Tensor& output, const at::Tensor& input,
                        at::Tensor& scratch);
 
-// The backend's own all-reduce of `tensor` in place.
+// The backend's own all-reduce of `tensor` in place, in two steps: Issue*
+// enqueues it and returns the Work to wait on (a transport whose lanes
+// share one communicator lets the next collective issue in between), and
+// the one-step form is Wait(Issue*(...), timeout).
+c10::intrusive_ptr<::c10d::Work> IssueAllReduce(::c10d::Backend& backend,
+                                                const at::Tensor& tensor, ReduceOp op);
 void AllReduce(::c10d::Backend& backend, std::chrono::milliseconds timeout,
                const at::Tensor& tensor, ReduceOp op);
 
-// The backend's own broadcast from `root`, in place. Pure data movement:
-// bfloat16 travels bit for bit as float16, which every backend carries
-// (LibTorch 1.13's Gloo rejects bfloat16).
+// The backend's own broadcast from `root`, in place, in the same two
+// steps. Pure data movement: bfloat16 travels bit for bit as float16,
+// which every backend carries (LibTorch 1.13's Gloo rejects bfloat16).
+c10::intrusive_ptr<::c10d::Work> IssueBroadcastBits(::c10d::Backend& backend,
+                                                    const at::Tensor& tensor, int root);
 void BroadcastBits(::c10d::Backend& backend, std::chrono::milliseconds timeout,
                    const at::Tensor& tensor, int root);
 

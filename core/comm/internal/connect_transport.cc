@@ -10,23 +10,17 @@
 
 #include "core/comm/internal/gloo_transport.h"
 #include "core/comm/internal/host.h"
-#include "core/comm/internal/host_staged_transport.h"
 #include "core/comm/internal/nccl_transport.h"
 #include "core/comm/internal/shm_segment.h"
 #include "core/comm/internal/shm_transport.h"
 #include "core/comm/internal/single_rank_transport.h"
+#include "core/comm/internal/staged_transport.h"
+#include "core/comm/internal/store_bytes.h"
 
 namespace fsdp2 {
 namespace comm {
 namespace internal {
 namespace {
-
-std::vector<uint8_t> Bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-std::string String(const std::vector<uint8_t>& b) {
-  return std::string(b.begin(), b.end());
-}
 
 // Collective: whether the group may use shared memory, decided alike on
 // every rank: only if all of them run on this host and none has FSDP2_SHM=0
@@ -55,9 +49,7 @@ std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options) {
   if (options.world == 1) return std::make_unique<SingleRankTransport>();
   if (options.backend == "nccl") {
 #ifdef USE_C10D_NCCL
-    return std::move(NcclTransport::ConnectLanes(options.store, options.rank, options.world,
-                                                 options.timeout, /*lanes=*/1)
-                         .front());
+    return std::move(ConnectLanes(options, /*lanes=*/1).front());
 #else
     throw InvalidArgumentError(
         "backend 'nccl' needs a CUDA build of LibTorch; this build has only "
@@ -74,13 +66,13 @@ std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options) {
       GlooTransport::Connect(options.store, options.rank, options.world,
                              options.gloo_device, options.timeout);
   if (!SharedMemoryAgreed(*options.store, options.rank, options.world)) {
-    return std::make_unique<HostStagedTransport>(std::move(gloo));
+    return StagedTransport::ThroughHost(std::move(gloo));
   }
   std::unique_ptr<ShmSegment> segment =
       ShmSegment::Create(*options.store, options.rank, options.world,
                          kShmSlotBytes, options.timeout);
-  if (segment == nullptr) return std::make_unique<HostStagedTransport>(std::move(gloo));
-  return std::make_unique<HostStagedTransport>(
+  if (segment == nullptr) return StagedTransport::ThroughHost(std::move(gloo));
+  return StagedTransport::ThroughHost(
       std::make_unique<ShmTransport>(std::move(segment), std::move(gloo)));
 }
 
@@ -89,9 +81,11 @@ std::vector<std::unique_ptr<Transport>> ConnectLanes(const TransportOptions& opt
   std::vector<std::unique_ptr<Transport>> transports;
 #ifdef USE_C10D_NCCL
   if (options.world > 1 && options.backend == "nccl") {
+    // CPU tensors travel through copies on the group's GPU.
     for (auto& t : NcclTransport::ConnectLanes(options.store, options.rank, options.world,
                                                options.timeout, lanes)) {
-      transports.push_back(std::move(t));
+      const at::Device gpu = t->device();
+      transports.push_back(StagedTransport::ThroughDevice(std::move(t), gpu));
     }
     return transports;
   }

@@ -5,10 +5,13 @@
 //   - a group of one rank: SingleRankTransport, no communicator;
 //   - backend "nccl": NcclTransport (builds with USE_C10D_NCCL only), one
 //     communicator for the group, shared by its lanes (ConnectLanes);
+//     CPU tensors staged through the GPU (StagedTransport::ThroughDevice);
 //   - backend "gloo", every rank of the group on this host and none with
 //     FSDP2_SHM=0 in its environment: ShmTransport, with a GlooTransport
 //     beneath it for what shared memory does not carry;
 //   - otherwise GlooTransport.
+// Both gloo transports have device tensors staged through host memory
+// (StagedTransport::ThroughHost).
 // The ranks agree through the group's store, so all of them choose alike
 // (also when creating the shared-memory segment fails on any of them).
 // Internal to core/comm.

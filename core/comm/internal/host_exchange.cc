@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/comm/internal/store_bytes.h"
 #include "core/common/error.h"
 
 namespace fsdp2 {
@@ -20,13 +21,6 @@ const char kCount[] = "fsdp2/hosts/count";
 // Written once, by the rank that counts the last arrival: the packed table
 // (see PackTable), or "!" and why the ranks cannot go on.
 const char kTable[] = "fsdp2/hosts/table";
-
-std::vector<uint8_t> Bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-std::string String(const std::vector<uint8_t>& b) {
-  return std::string(b.begin(), b.end());
-}
 
 // What the arrivals list says: each rank's identity ("" where it has not
 // arrived) and the ranks with more than one record.

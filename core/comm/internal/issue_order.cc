@@ -1,5 +1,6 @@
 #include "core/comm/internal/issue_order.h"
 
+#include <stdexcept>
 #include <string>
 
 #include "core/common/error.h"
@@ -50,6 +51,33 @@ void IssueOrder::Turn::Release() {
     ++order_.next_to_issue_;
   }
   order_.turned_.notify_all();
+}
+
+IssueOrder::Turn IssueTurns::TakeTurn() {
+  int64_t ticket = ticket_;
+  ticket_ = -1;
+  if (ticket < 0) {
+    // Driven directly: only right when nothing else is in the order, else
+    // this ticket would come after collectives queued behind it.
+    ticket = order_.Take();
+    if (ticket != order_.next_to_issue()) {
+      throw std::logic_error(
+          "fsdp2: a collective without a ticket on a transport whose lanes share one "
+          "communicator, while other collectives are pending; issue it through ProcessGroup");
+    }
+  }
+  return IssueOrder::Turn(order_, ticket);
+}
+
+void IssueTurns::turn_unused_ticket() noexcept {
+  if (ticket_ < 0) return;
+  const int64_t ticket = ticket_;
+  ticket_ = -1;
+  try {
+    IssueOrder::Turn turn(order_, ticket);
+  } catch (...) {
+    // Timed out: the order is broken, and the collectives behind it fail at once.
+  }
 }
 
 }  // namespace internal

@@ -29,7 +29,9 @@
 // the ticket waited for, and breaks the order: every later turn then fails
 // at once with the same message, rather than each waiting out the limit.
 //
-// Thread-safe. Internal to core/comm.
+// IssueOrder is thread-safe. A transport whose lanes share an order takes
+// its turns through IssueTurns, below: ProcessGroup hands it each
+// collective's ticket. Internal to core/comm.
 #ifndef FSDP2_CORE_COMM_INTERNAL_ISSUE_ORDER_H_
 #define FSDP2_CORE_COMM_INTERNAL_ISSUE_ORDER_H_
 
@@ -87,6 +89,43 @@ class IssueOrder {
   int64_t taken_ = 0;          // tickets handed out
   int64_t next_to_issue_ = 0;  // the ticket that may issue now
   std::string broken_;         // the timeout that broke the order, if any
+};
+
+// A transport's turns in an IssueOrder that its lanes share (NcclTransport:
+// one communicator per group), mixed into such a transport, which returns
+// itself from Transport::issue_turns(). ProcessGroup takes a ticket from
+// issue_order() for each collective on the issuing thread and, on the
+// lane's worker, hands it over with set_ticket() before calling the
+// collective, which takes its turn (TakeTurn) before it issues; afterwards
+// turn_unused_ticket(). One collective at a time per transport (the lane's
+// worker), as transport.h's contract says.
+class IssueTurns {
+ public:
+  explicit IssueTurns(IssueOrder& order) : order_(order) {}
+  IssueTurns(const IssueTurns&) = delete;
+  IssueTurns& operator=(const IssueTurns&) = delete;
+
+  // The order shared with the other lanes.
+  IssueOrder* issue_order() { return &order_; }
+  // The ticket of the collective this transport runs next.
+  void set_ticket(int64_t ticket) { ticket_ = ticket; }
+  // After a collective: if it failed before taking its turn, takes and
+  // releases the turn now, so that the collectives behind it still issue.
+  void turn_unused_ticket() noexcept;
+
+ protected:
+  ~IssueTurns() = default;
+
+  // This collective's turn, taken with the ticket ProcessGroup handed over
+  // (set_ticket), or, for a transport driven directly from one thread with
+  // nothing else pending (tests), the next ticket (std::logic_error if
+  // others are pending). Blocks until the collectives before it have
+  // issued.
+  IssueOrder::Turn TakeTurn();
+
+ private:
+  IssueOrder& order_;
+  int64_t ticket_ = -1;
 };
 
 }  // namespace internal

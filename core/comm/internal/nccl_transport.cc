@@ -40,59 +40,49 @@ std::vector<std::unique_ptr<NcclTransport>> NcclTransport::ConnectLanes(
 
 NcclTransport::NcclTransport(std::shared_ptr<Shared> shared, int rank, int world,
                              std::chrono::milliseconds timeout)
-    : Transport(rank, world), shared_(std::move(shared)), nccl_(*shared_->nccl),
-      timeout_(timeout) {}
+    : Transport(rank, world), IssueTurns(shared->order), shared_(std::move(shared)),
+      nccl_(*shared_->nccl), timeout_(timeout) {}
 
-at::Tensor NcclTransport::OnGpu(const at::Tensor& t) const {
-  return t.is_cpu() ? t.to(shared_->device) : t;
+template <typename Issue>
+void NcclTransport::IssueInTurn(Issue issue) {
+  IssueOrder::Turn turn = TakeTurn();
+  const c10::intrusive_ptr<::c10d::Work> work = issue();
+  turn.Release();
+  Wait(work, timeout_);
 }
 
 void NcclTransport::all_gather_into_flat(const at::Tensor& output,
                                          const at::Tensor& input) {
-  if (output.is_cpu()) {
-    const at::Tensor out = OnGpu(output);
-    all_gather_into_flat(out, OnGpu(input));
-    output.copy_(out);  // to pageable memory: waits for the device
-    return;
-  }
   at::Tensor out = output, in = input;
-  IssueOrder::Turn turn = TakeTurn();
-  auto work = nccl_._allgather_base(out, in);
-  turn.Release();
-  Wait(work, timeout_);
+  IssueInTurn([&] { return nccl_._allgather_base(out, in); });
 }
 
 // Gathers this rank's parts, packed, into a flat buffer of every rank's
 // packs, then scatters those into the pieces.
 void NcclTransport::all_gather_pieces(const at::Tensor& buffer_in,
                                       const std::vector<Piece>& pieces) {
-  if (buffer_in.is_cpu()) {
-    const at::Tensor buffer = OnGpu(buffer_in);
-    all_gather_pieces(buffer, pieces);
-    buffer_in.copy_(buffer);
-    return;
-  }
   const at::Tensor buffer = buffer_in.view(-1);
   const int world_size = world();
   int64_t per_rank = 0;
   for (const auto& p : pieces) per_rank += p.numel;
-  // Every collective turns its ticket, also one with nothing to move.
-  IssueOrder::Turn turn = TakeTurn();
-  if (per_rank == 0) return;
+  if (per_rank == 0) {
+    // Every collective turns its ticket, also one with nothing to move.
+    IssueOrder::Turn turn = TakeTurn();
+    return;
+  }
   at::Tensor in = at::empty({per_rank}, buffer.options());
   at::Tensor out = at::empty({world_size * per_rank}, buffer.options());
-  int64_t at_offset = 0;
-  for (const auto& p : pieces) {
-    in.narrow(0, at_offset, p.numel)
-        .copy_(buffer.narrow(0, world_size * p.offset + rank() * p.numel,
-                             p.numel));
-    at_offset += p.numel;
-  }
-  auto work = nccl_._allgather_base(out, in);
-  turn.Release();
-  Wait(work, timeout_);
+  IssueInTurn([&] {
+    int64_t at_offset = 0;
+    for (const auto& p : pieces) {
+      in.narrow(0, at_offset, p.numel)
+          .copy_(buffer.narrow(0, world_size * p.offset + rank() * p.numel, p.numel));
+      at_offset += p.numel;
+    }
+    return nccl_._allgather_base(out, in);
+  });
   auto by_rank = out.view({world_size, per_rank});
-  at_offset = 0;
+  int64_t at_offset = 0;
   for (const auto& p : pieces) {
     buffer.narrow(0, world_size * p.offset, world_size * p.numel)
         .view({world_size, p.numel})
@@ -104,19 +94,10 @@ void NcclTransport::all_gather_pieces(const at::Tensor& buffer_in,
 void NcclTransport::reduce_scatter_flat(const at::Tensor& output,
                                         const at::Tensor& input,
                                         ReduceScatterAlgorithm algorithm) {
-  if (output.is_cpu()) {
-    const at::Tensor out = OnGpu(output);
-    reduce_scatter_flat(out, OnGpu(input), algorithm);  // `input` is scratch afterwards
-    output.copy_(out);
-    return;
-  }
   switch (algorithm) {
     case ReduceScatterAlgorithm::kAuto: {
       at::Tensor out = output, in = input;
-      IssueOrder::Turn turn = TakeTurn();
-      auto work = nccl_._reduce_scatter_base(out, in);
-      turn.Release();
-      Wait(work, timeout_);
+      IssueInTurn([&] { return nccl_._reduce_scatter_base(out, in); });
       return;
     }
     case ReduceScatterAlgorithm::kRing: {
@@ -133,38 +114,12 @@ void NcclTransport::reduce_scatter_flat(const at::Tensor& output,
 }
 
 void NcclTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
-  if (tensor.is_cpu()) {
-    const at::Tensor t = OnGpu(tensor);
-    all_reduce(t, op);
-    tensor.copy_(t);
-    return;
-  }
-  std::vector<at::Tensor> tensors{tensor};
-  ::c10d::AllreduceOptions opts;
-  opts.reduceOp = op == ReduceOp::kSum ? ::c10d::ReduceOp::SUM : ::c10d::ReduceOp::MAX;
-  IssueOrder::Turn turn = TakeTurn();
-  auto work = nccl_.allreduce(tensors, opts);
-  turn.Release();
-  Wait(work, timeout_);
+  IssueInTurn([&] { return IssueAllReduce(nccl_, tensor, op); });
 }
 
+// Pure data movement: bfloat16 travels bit for bit as float16, as on Gloo.
 void NcclTransport::broadcast(const at::Tensor& tensor, int root) {
-  if (tensor.is_cpu()) {
-    const at::Tensor t = OnGpu(tensor);
-    broadcast(t, root);
-    tensor.copy_(t);
-    return;
-  }
-  // Pure data movement: bfloat16 travels bit for bit as float16, as in
-  // BroadcastBits.
-  std::vector<at::Tensor> tensors{
-      tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor};
-  ::c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  IssueOrder::Turn turn = TakeTurn();
-  auto work = nccl_.broadcast(tensors, opts);
-  turn.Release();
-  Wait(work, timeout_);
+  IssueInTurn([&] { return IssueBroadcastBits(nccl_, tensor, root); });
 }
 
 // An all-reduce of one element on this rank's GPU, waited for: what

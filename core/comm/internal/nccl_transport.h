@@ -6,15 +6,18 @@
 // buffer. Reduce-scatters that name an algorithm (kRing, kAllReduce) run
 // that algorithm, as on Gloo.
 //
-// NCCL carries device tensors only: a CPU tensor (the flags and counts that
-// checkpoints and loads exchange) travels through a copy on this rank's
-// GPU, the one current when the group was created.
+// NCCL carries device tensors only: ConnectTransport wraps each lane in a
+// StagedTransport (staged_transport.h), through which a CPU tensor (the
+// flags and counts that checkpoints and loads exchange) travels as a copy
+// on this rank's GPU, the one current when the group was created
+// (device()).
 //
 // One communicator per process group, as c10d has: the lanes of a group
 // share one ProcessGroupNCCL and issue to it in the order their collectives
-// were issued (issue_order.h). A collective holds its turn while it
-// enqueues its operations and lets the next one go before it waits for
-// completion, so an all-gather is enqueued while a reduce-scatter runs.
+// were issued (issue_order.h: each lane takes its turns as IssueTurns). A
+// collective holds its turn while it enqueues its operations and lets the
+// next one go before it waits for completion, so an all-gather is enqueued
+// while a reduce-scatter runs.
 //
 // Exists only in builds with USE_C10D_NCCL (a CUDA LibTorch, as PyPI's
 // torch 2.11.0 is): compiled and linked in every build, run by
@@ -30,13 +33,14 @@
 #include <vector>
 
 #include "core/comm/internal/c10d.h"
+#include "core/comm/internal/issue_order.h"
 #include "core/comm/internal/transport.h"
 
 namespace fsdp2 {
 namespace comm {
 namespace internal {
 
-class NcclTransport final : public Transport {
+class NcclTransport final : public Transport, public IssueTurns {
  public:
   const char* kind() const override { return "nccl"; }
   // Collective over the `world` ranks sharing `store` (prefixed for this
@@ -59,7 +63,9 @@ class NcclTransport final : public Transport {
   NcclTransport(std::shared_ptr<Shared> shared, int rank, int world,
                 std::chrono::milliseconds timeout);
 
-  IssueOrder* issue_order() override { return &shared_->order; }
+  IssueTurns* issue_turns() override { return this; }
+  // The GPU its collectives run on, where CPU tensors are staged.
+  const at::Device& device() const { return shared_->device; }
 
   void all_gather_into_flat(const at::Tensor& output,
                             const at::Tensor& input) override;
@@ -74,8 +80,10 @@ class NcclTransport final : public Transport {
   void barrier() override;
 
  private:
-  // `t` on the group's GPU: itself, or a copy of a CPU tensor.
-  at::Tensor OnGpu(const at::Tensor& t) const;
+  // Takes this collective's turn, enqueues it (`issue` returns its Work),
+  // lets the next collective issue, then waits for this one.
+  template <typename Issue>
+  void IssueInTurn(Issue issue);
 
   std::shared_ptr<Shared> shared_;
   ::c10d::Backend& nccl_;  // shared_->nccl

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/comm/internal/host.h"
+#include "core/comm/internal/store_bytes.h"
 
 namespace fsdp2 {
 namespace comm {
@@ -24,14 +25,10 @@ const char kAliveList[] = "fsdp2/alive_after_failure/list";
 const char kAliveCount[] = "fsdp2/alive_after_failure/count";
 const char kReportKey[] = "fsdp2/lost_report";
 
-std::vector<uint8_t> Bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-
 // The ranks of `ranks` absent from the alive list `list`.
 std::vector<int> NotAnswered(const std::vector<uint8_t>& list, const std::vector<int>& ranks) {
   std::vector<bool> answered;
-  std::istringstream lines(std::string(list.begin(), list.end()));
+  std::istringstream lines(String(list));
   for (int r; lines >> r;) {
     if (r >= 0) {
       if (answered.size() <= static_cast<size_t>(r)) answered.resize(r + 1);
@@ -110,10 +107,7 @@ LostReport::LostReport(c10::intrusive_ptr<::c10d::Store> store, int rank,
       std::string report;
       try {
         store->add(HeartbeatKey(rank), 1);
-        if (store->check({kReportKey})) {
-          auto v = store->get(kReportKey);
-          report.assign(v.begin(), v.end());
-        }
+        if (store->check({kReportKey})) report = String(store->get(kReportKey));
       } catch (const std::exception&) {
         return;  // the store is gone: keep what was seen
       }

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/internal/store_bytes.h"
+
 namespace fsdp2 {
 namespace comm {
 namespace internal {
@@ -52,13 +54,6 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free,
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 size_t HeaderBytes(int world) { return RoundUp(world * 2 * kLine, 4096); }
-
-std::vector<uint8_t> Bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-std::string String(const std::vector<uint8_t>& b) {
-  return std::string(b.begin(), b.end());
-}
 
 std::string Errno(const std::string& what) {
   return what + ": " + std::strerror(errno);

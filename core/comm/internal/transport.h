@@ -71,25 +71,12 @@ class Transport {
 
   // Lanes whose transports share one communicator (NcclTransport: one per
   // group) issue to it in one order on every rank (issue_order.h). Such a
-  // transport returns the order its lanes share: ProcessGroup then takes a
-  // ticket for each collective on the issuing thread and, on the lane's
-  // worker, hands it over with set_ticket() before calling the collective,
-  // which waits for its turn to issue. Transports with a communicator per
-  // lane return nullptr and never read a ticket.
-  virtual IssueOrder* issue_order() { return nullptr; }
-  void set_ticket(int64_t ticket) { ticket_ = ticket; }
-  // After a collective: if it failed before taking its turn, takes and
-  // releases the turn now, so that the collectives behind it still issue.
-  void turn_unused_ticket() noexcept;
+  // transport returns its IssueTurns, through which ProcessGroup hands it
+  // each collective's ticket. Transports with a communicator per lane
+  // return nullptr.
+  virtual IssueTurns* issue_turns() { return nullptr; }
 
  protected:
-  // For a transport with an issue_order(): this collective's turn, taken
-  // with the ticket ProcessGroup handed over (set_ticket), or, for a
-  // transport driven directly from one thread with nothing else pending
-  // (tests), the next ticket (std::logic_error if others are pending).
-  // Blocks until the collectives before it have issued.
-  IssueOrder::Turn TakeTurn();
-
   // all_gather_into_flat as all_gather_pieces: copies `input` into this
   // rank's chunk of `output` and gathers the rest as one piece (a flat
   // output is the piecewise layout with a single piece).
@@ -103,7 +90,6 @@ class Transport {
  private:
   const int rank_;
   const int world_;
-  int64_t ticket_ = -1;
 };
 
 }  // namespace internal

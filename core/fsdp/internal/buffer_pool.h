@@ -32,7 +32,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/fsdp/stats.h"
+#include "core/fsdp/stats_types.h"
 
 namespace fsdp2 {
 namespace fsdp {

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
+#include "core/fsdp/assign_data.h"
 #include "core/fsdp/internal/module_access.h"
-#include "core/fsdp/internal/storage.h"
 
 namespace fsdp2 {
 namespace fsdp {
@@ -55,7 +55,7 @@ void FSDPParam::init_shard(const at::TensorOptions& compute_options) {
     internal::ModuleAccess::Parameters(*slot.first)[slot.second] = shard;
   }
   compute_.set_requires_grad(false);
-  internal::AssignData(compute_, at::empty({0}, compute_options));
+  assign_data(compute_, at::empty({0}, compute_options));
 }
 
 at::Tensor FSDPParam::local_rows_of(const at::Tensor& full) const {

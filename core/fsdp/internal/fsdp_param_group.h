@@ -34,7 +34,7 @@
 #include "core/fsdp/fsdp_options.h"
 #include "core/fsdp/internal/fsdp_collectives.h"
 #include "core/fsdp/internal/fsdp_param.h"
-#include "core/fsdp/stats.h"
+#include "core/fsdp/stats_types.h"
 
 namespace fsdp2 {
 namespace fsdp {

@@ -1,9 +1,10 @@
 // fsdp2/core/fsdp/internal/storage.h
 //
-// Freeing, re-allocating and replacing a tensor's storage in place. Every
-// view of the tensor (including those autograd saved for backward) shares the
-// storage object, so after ReallocStorage they all see the new memory, and
-// after FreeStorage the memory is really returned: this is how FSDP frees
+// Freeing and re-allocating a tensor's storage in place (replacing a
+// tensor's data: core/fsdp/assign_data.h). Every view of the tensor
+// (including those autograd saved for backward) shares the storage object,
+// so after ReallocStorage they all see the new memory, and after
+// FreeStorage the memory is really returned: this is how FSDP frees
 // unsharded parameters between forward and backward without breaking saved
 // views. A view must not be read while its storage is freed.
 #ifndef FSDP2_CORE_FSDP_INTERNAL_STORAGE_H_
@@ -31,16 +32,6 @@ inline void ReallocStorage(const at::Tensor& t, size_t nbytes) {
   if (storage->nbytes() == nbytes) return;
   storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
   storage->set_nbytes(nbytes);
-}
-
-// t.set_data(data), also from a meta tensor to a real one (which set_data
-// refuses): `t` keeps its identity, autograd metadata and version counter.
-inline void AssignData(const at::Tensor& t, const at::Tensor& data) {
-  if (at::_has_compatible_shallow_copy_type(t, data)) {
-    t.set_data(data);
-  } else {
-    t.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
-  }
 }
 
 }  // namespace internal

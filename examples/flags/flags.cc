@@ -1,4 +1,4 @@
-#include "core/flags/flags.h"
+#include "examples/flags/flags.h"
 
 #include <cstdlib>
 #include <iostream>

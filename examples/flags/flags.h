@@ -1,4 +1,4 @@
-// fsdp2/core/flags/flags.h
+// fsdp2/examples/flags/flags.h
 //
 // Command-line flags for the example programs and the benchmarks:
 // `--key value` or `--key=value`, read as an integer, a number or a string
@@ -13,8 +13,8 @@
 // Errors are FlagError exceptions whose message is one line saying what
 // was wrong ("unknown flag --bogus (see --help)", "--steps expects an
 // integer, got 'x'"); the program prints it and exits non-zero.
-#ifndef FSDP2_CORE_FLAGS_FLAGS_H_
-#define FSDP2_CORE_FLAGS_FLAGS_H_
+#ifndef FSDP2_EXAMPLES_FLAGS_FLAGS_H_
+#define FSDP2_EXAMPLES_FLAGS_FLAGS_H_
 
 #include <cstdint>
 #include <map>
@@ -87,4 +87,4 @@ class Flags {
 }  // namespace flags
 }  // namespace fsdp2
 
-#endif  // FSDP2_CORE_FLAGS_FLAGS_H_
+#endif  // FSDP2_EXAMPLES_FLAGS_FLAGS_H_
