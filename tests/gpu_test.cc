@@ -7,8 +7,12 @@
 // between the GPU and the CPU both ways; a model built under
 // tensor_init_context() materialised on the GPU, equal to an eager build;
 // background saves from the GPU; tensor parallelism and HYBRID_SHARD.
-// Built in every run; where no CUDA device is visible it prints a SKIPPED:
-// line and runs nothing.
+// Built in every run. Where no CUDA device is visible it prints a SKIPPED:
+// line and runs nothing, unless
+//   FSDP2_GPU_TEST_DRY_RUN=1  every "cuda" is the CPU and "nccl" gloo: the
+//                             tests' logic on a machine without a GPU
+//                             (//tests:gpu_test_dry_run, in every run);
+//   FSDP2_REQUIRE_GPU=1       (the GPU check) no device is a failure: exit 1.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -50,6 +54,11 @@ models::GPTConfig Config() {
 // so that the tests' own logic runs on a machine without a GPU.
 bool DryRun() {
   const char* v = std::getenv("FSDP2_GPU_TEST_DRY_RUN");
+  return v != nullptr && std::string(v) == "1";
+}
+// FSDP2_REQUIRE_GPU=1: a missing GPU is a failure, not a skip.
+bool RequireGpu() {
+  const char* v = std::getenv("FSDP2_REQUIRE_GPU");
   return v != nullptr && std::string(v) == "1";
 }
 std::string Device(const std::string& name) { return DryRun() && name == "cuda" ? "cpu" : name; }
@@ -298,13 +307,21 @@ TEST(Gpu, BackgroundSavesFromTheGpuHoldTheirStep) {
 int main(int argc, char** argv) {
   bool worker = false;
   for (int i = 1; i < argc; ++i) worker = worker || std::strcmp(argv[i], "--fsdp2_worker") == 0;
-  if (!worker && !torch::cuda::is_available() && !fsdp2::testing::DryRun()) {
+  if (!worker && !torch::cuda::is_available()) {
+    if (fsdp2::testing::RequireGpu()) {  // also in a dry run: the GPU check asked for one
+      std::fprintf(stderr, "FAILED: gpu_test: FSDP2_REQUIRE_GPU=1, but no CUDA device is visible "
+                           "(none is present, CUDA failed to initialise, or this LibTorch has no "
+                           "CUDA): its cases cannot run\n");
+      return 1;
+    }
+    if (!fsdp2::testing::DryRun()) {
 #ifdef FSDP2_WITH_CUDA
-    std::printf("SKIPPED: gpu_test: no CUDA device is visible\n");
+      std::printf("SKIPPED: gpu_test: no CUDA device is visible\n");
 #else
-    std::printf("SKIPPED: gpu_test: this LibTorch has no CUDA\n");
+      std::printf("SKIPPED: gpu_test: this LibTorch has no CUDA\n");
 #endif
-    return 0;
+      return 0;
+    }
   }
   return fsdp2::testing::TestMain(argc, argv);
 }

@@ -49,7 +49,7 @@ at::Tensor NcclTransport::OnGpu(const at::Tensor& t) const {
 
 void NcclTransport::all_gather_into_flat(const at::Tensor& output,
                                          const at::Tensor& input) {
-  if (output.is_cpu()) {
+  if (Staged(output)) {
     const at::Tensor out = OnGpu(output);
     all_gather_into_flat(out, OnGpu(input));
     output.copy_(out);  // to pageable memory: waits for the device
@@ -66,7 +66,7 @@ void NcclTransport::all_gather_into_flat(const at::Tensor& output,
 // packs, then scatters those into the pieces.
 void NcclTransport::all_gather_pieces(const at::Tensor& buffer_in,
                                       const std::vector<Piece>& pieces) {
-  if (buffer_in.is_cpu()) {
+  if (Staged(buffer_in)) {
     const at::Tensor buffer = OnGpu(buffer_in);
     all_gather_pieces(buffer, pieces);
     buffer_in.copy_(buffer);
@@ -104,7 +104,7 @@ void NcclTransport::all_gather_pieces(const at::Tensor& buffer_in,
 void NcclTransport::reduce_scatter_flat(const at::Tensor& output,
                                         const at::Tensor& input,
                                         ReduceScatterAlgorithm algorithm) {
-  if (output.is_cpu()) {
+  if (Staged(output)) {
     const at::Tensor out = OnGpu(output);
     reduce_scatter_flat(out, OnGpu(input), algorithm);  // `input` is scratch afterwards
     output.copy_(out);
@@ -133,7 +133,7 @@ void NcclTransport::reduce_scatter_flat(const at::Tensor& output,
 }
 
 void NcclTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
-  if (tensor.is_cpu()) {
+  if (Staged(tensor)) {
     const at::Tensor t = OnGpu(tensor);
     all_reduce(t, op);
     tensor.copy_(t);
@@ -149,7 +149,7 @@ void NcclTransport::all_reduce(const at::Tensor& tensor, ReduceOp op) {
 }
 
 void NcclTransport::broadcast(const at::Tensor& tensor, int root) {
-  if (tensor.is_cpu()) {
+  if (Staged(tensor)) {
     const at::Tensor t = OnGpu(tensor);
     broadcast(t, root);
     tensor.copy_(t);

@@ -8,7 +8,10 @@
 //
 // NCCL carries device tensors only: a CPU tensor (the flags and counts that
 // checkpoints and loads exchange) travels through a copy on this rank's
-// GPU, the one current when the group was created.
+// GPU, the one current when the group was created. (A transport built
+// directly on a Shared whose device is the CPU, over another c10d backend,
+// carries CPU tensors as they are: //tests:nccl_transport_test drives the
+// transport's own logic that way over Gloo, where there is no GPU.)
 //
 // One communicator per process group, as c10d has: the lanes of a group
 // share one ProcessGroupNCCL and issue to it in the order their collectives
@@ -18,7 +21,7 @@
 //
 // Exists only in builds with USE_C10D_NCCL (a CUDA LibTorch, as PyPI's
 // torch 2.11.0 is): compiled and linked in every build, run by
-// //tests:nccl_transport_test where a GPU is.
+// //tests:nccl_transport_test where a GPU is (and over Gloo everywhere).
 // Internal to core/comm; see transport.h for the contract.
 #ifndef FSDP2_CORE_COMM_INTERNAL_NCCL_TRANSPORT_H_
 #define FSDP2_CORE_COMM_INTERNAL_NCCL_TRANSPORT_H_
@@ -51,7 +54,7 @@ class NcclTransport final : public Transport {
   struct Shared {
     c10::intrusive_ptr<::c10d::Backend> nccl;
     IssueOrder order;
-    at::Device device;  // where CPU tensors are staged
+    at::Device device;  // where CPU tensors are staged (the CPU: not staged)
     Shared(c10::intrusive_ptr<::c10d::Backend> backend, std::chrono::milliseconds timeout,
            at::Device gpu)
         : nccl(std::move(backend)), order(timeout), device(gpu) {}
@@ -74,6 +77,10 @@ class NcclTransport final : public Transport {
   void barrier() override;
 
  private:
+  // Whether `t` is a CPU tensor that travels through the group's GPU.
+  bool Staged(const at::Tensor& t) const {
+    return t.is_cpu() && !shared_->device.is_cpu();
+  }
   // `t` on the group's GPU: itself, or a copy of a CPU tensor.
   at::Tensor OnGpu(const at::Tensor& t) const;
 
