@@ -25,7 +25,15 @@
 #     fsdp2, eager PyTorch under autocast and PyTorch's FSDP2 (fully_shard,
 #     AdamW fused and foreach;
 #     MixedPrecisionPolicy bf16/fp32, fp32 logits), and fsdp2's ratios to them;
-#     fsdp2 with activation checkpointing too.
+#     fsdp2 with activation checkpointing too;
+#   - a verdict: every test PASSED, the fp32 target met and every run
+#     measured, or what was not.
+# Its exit status is the verdict's, dry run included: 0 only if everything
+# passed; 1 for a FAILED or SKIPPED test, a target NOT met or a run that
+# failed; 2 when it cannot start. The GPU tests run with FSDP2_REQUIRE_GPU=1
+# (no visible GPU fails them); in a dry run with FSDP2_GPU_TEST_DRY_RUN=1
+# (their cases on the CPU; nccl_transport_test's GPU cases cannot run there
+# and are counted as such).
 # The loader finds LibTorch and NCCL in the Python environment that has torch
 # (FSDP2_GPU_PYTHON, default /opt/torch/.venv/bin/python3, or the project's
 # venv in a dry run).
@@ -68,6 +76,10 @@ run() {
   mkdir -p "$out"
   local log="$out/gpu_check.log"
   : >"$log"
+  # Nothing of an earlier run may stand in for a step of this one.
+  rm -rf "$out/fsdp2_fp32" "$out/fsdp2_bf16" "$out/fsdp2_bf16_ac"
+  rm -f "$out"/{versions.txt,tests.txt,table.md,init.safetensors,eager_fp32.json} \
+    "$out"/*_bf16.json "$out"/*_test.log "$out"/fsdp2_*.log
   local py="${FSDP2_GPU_PYTHON:-/opt/torch/.venv/bin/python3}"
   [[ $dry == 1 ]] && py="${FSDP2_GPU_PYTHON:-/opt/fsdp2/venv/bin/python3}"
   [[ -x "$py" ]] || { echo "gpu_check: no Python with torch at $py (FSDP2_GPU_PYTHON)"; return 2; }
@@ -105,13 +117,14 @@ run() {
   cat "$out/versions.txt" >>"$log"
 
   step tests
-  local t
+  : >"$out/tests.txt"
+  local t mode=(FSDP2_REQUIRE_GPU=1)
+  [[ $dry == 1 ]] && mode=(FSDP2_GPU_TEST_DRY_RUN=1)
   for t in nccl_transport_test gpu_test; do
-    timeout 240 "$BUNDLE/bin/$t" >"$out/$t.log" 2>&1
+    env -u FSDP2_REQUIRE_GPU -u FSDP2_GPU_TEST_DRY_RUN "${mode[@]}" \
+      timeout 240 "$BUNDLE/bin/$t" >"$out/$t.log" 2>&1
     local rc=$?
-    if grep -q '^SKIPPED:' "$out/$t.log"; then echo "$t SKIPPED" >>"$out/tests.txt"
-    elif [[ $rc == 0 ]]; then echo "$t PASSED ($(grep -c '^\[       OK \]' "$out/$t.log") cases)" >>"$out/tests.txt"
-    else echo "$t FAILED (exit $rc; $(grep -c '^\[  FAILED  \]' "$out/$t.log") failed lines)" >>"$out/tests.txt"; fi
+    test_result "$t" "$rc" "$out/$t.log" "$dry" >>"$out/tests.txt"
     cat "$out/$t.log" >>"$log"
   done
 
@@ -142,9 +155,41 @@ run() {
       --steps "$steps" --warmup "$warmup" --json "$out/${run%%:*}_${run##*:}_bf16.json" >>"$log" 2>&1
   done
 
+  # The table ends with the verdict; table.py's exit status is the verdict's.
   "$py" "$HERE/table.py" --out "$out" --warmup "$warmup" --batch-size "$batch" \
-    --block-size "$(printf '%s\n' "${sizes[@]}" | sed -n '/--block-size/{n;p}')" | tee "$out/table.md"
+    --block-size "$(printf '%s\n' "${sizes[@]}" | sed -n '/--block-size/{n;p}')" >"$out/table.md"
+  local verdict=$?
+  cat "$out/table.md"
   cat "$out/table.md" >>"$log"
+  if [[ $verdict != 0 ]]; then
+    echo "gpu_check: NOT everything passed (exit 1); the full log: $log" | tee -a "$log"
+    return 1
+  fi
+  return 0
+}
+
+# One line of tests.txt for test binary $1 that exited $2, its output in
+# $3; $4: 1 in a dry run. FAILED: a non-zero exit (a timeout included) or
+# no case run; SKIPPED: the binary said so (no GPU), or a case was skipped
+# outside a dry run; else PASSED with its number of cases (and, in a dry
+# run, how many of its cases need a real GPU).
+test_result() {
+  local name=$1 rc=$2 log=$3 dry=$4 ok skipped
+  ok=$(grep -c '^\[       OK \]' "$log")
+  skipped=$(grep -cE '^\[  SKIPPED \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+ \([0-9]+ ms\)' "$log")
+  if [[ $rc != 0 ]]; then
+    echo "$name FAILED (exit $rc; $(grep -c '^\[  FAILED  \]' "$log") failed lines)"
+  elif grep -q '^SKIPPED:' "$log"; then
+    echo "$name SKIPPED ($(grep -m1 '^SKIPPED:' "$log" | cut -c10-))"
+  elif [[ $skipped != 0 && $dry != 1 ]]; then
+    echo "$name SKIPPED ($skipped cases skipped)"
+  elif [[ $ok == 0 ]]; then
+    echo "$name FAILED (no case ran)"
+  elif [[ $skipped != 0 ]]; then
+    echo "$name PASSED ($ok cases; $skipped cases need a GPU: not run in a dry run)"
+  else
+    echo "$name PASSED ($ok cases)"
+  fi
 }
 
 case "${1:-}" in

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """The GPU check's table (bench/gpu_check/gpu_check.sh writes its inputs to
 --out): versions, tests, fp32 losses of fsdp2 against eager PyTorch, bf16
-speed and memory of fsdp2, eager PyTorch and PyTorch's FSDP2, and ratios."""
+speed and memory of fsdp2, eager PyTorch and PyTorch's FSDP2, and ratios,
+then the verdict. Exits 0 only if every test PASSED, the fp32 target was met
+and every run was measured; else 1, the verdict listing what was not."""
 import argparse
 import json
+import math
 import os
 import re
 import statistics
+import sys
 
 # Dense bf16 peaks (no sparsity), FLOP/s, by the name nvidia-smi gives.
 PEAKS = [("H200", 989e12, "H200 SXM dense bf16, 989 TFLOP/s"),
@@ -53,9 +57,15 @@ def main():
     peak = next(((f, what) for name, f, what in PEAKS if name in versions), (None, None))
     lines = ["# fsdp2 GPU check", "", "```", versions, "```", "",
              "| test | result |", "|---|---|"]
-    for line in read(os.path.join(a.out, "tests.txt")).splitlines():
+    problems = []  # what keeps the verdict from "passed"
+    tests = read(os.path.join(a.out, "tests.txt")).splitlines()
+    for line in tests:
         name, _, result = line.partition(" ")
         lines.append(f"| {name} | {result} |")
+        if not result.startswith("PASSED"):
+            problems.append(f"{name} {result}")
+    if not tests:
+        problems.append("no GPU test ran")
 
     f32 = fsdp2_run(a.out, "fsdp2_fp32", 0)
     e32 = load_json(os.path.join(a.out, "eager_fp32.json"))
@@ -65,11 +75,24 @@ def main():
     if f32 and e32:
         for i, (x, y) in enumerate(zip(f32["losses"], e32["losses"])):
             rel = abs(x - y) / abs(y)
+            if not math.isfinite(rel):  # a NaN loss on either side
+                rel = math.inf
             worst = rel if worst is None else max(worst, rel)
             lines.append(f"| {i + 1} | {x:.6f} | {y:.6f} | {rel:.1e} |")
-        lines.append(f"| largest | | | **{worst:.1e}** ({'met' if worst <= 1e-4 else 'NOT met'}: 1e-4) |")
+        met = worst is not None and worst <= 1e-4
+        if worst is None:
+            lines.append("| largest | | | no step to compare (NOT met) |")
+        else:
+            lines.append(f"| largest | | | **{worst:.1e}** ({'met' if met else 'NOT met'}: 1e-4) |")
+        if not met:
+            problems.append("fp32 losses: the target (1e-4) NOT met")
+        if len(f32["losses"]) != len(e32["losses"]):
+            problems.append(f"fp32 losses: fsdp2 ran {len(f32['losses'])} steps, "
+                            f"eager PyTorch {len(e32['losses'])}")
     else:
         lines.append(f"| - | {'ok' if f32 else 'missing'} | {'ok' if e32 else 'missing'} | |")
+        problems.append("fp32 losses: " + ", ".join(
+            f"{who} missing" for who, r in (("fsdp2", f32), ("eager PyTorch", e32)) if not r))
 
     params = None
     runs = [("fsdp2", fsdp2_run(a.out, "fsdp2_bf16", a.warmup))]
@@ -88,6 +111,7 @@ def main():
     for label, r in runs + [with_ac]:
         if not r:
             lines.append(f"| {label} | failed | | | |")
+            problems.append(f"bf16 run failed: {label}")
             continue
         tps = tokens / r["median_step_s"]
         mfu = f"{6 * params * tps / peak[0] * 100:.1f}%" if peak[0] and params else "n/a"
@@ -107,8 +131,13 @@ def main():
                   + ", ".join(f"{x:.4f} / {y:.4f}"
                               for x, y in zip(runs[0][1]["losses"][:3], runs[1][1]["losses"][:3]))]
     lines += ["", f"MFU peak: {peak[1] or 'unknown card: not stated'}"]
+    if problems:
+        lines += ["", "**Verdict: NOT passed**:", ""] + [f"- {p}" for p in problems]
+    else:
+        lines += ["", "**Verdict: passed** (every test, the fp32 target, every run)"]
     print("\n".join(lines))
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

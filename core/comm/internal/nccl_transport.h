@@ -10,7 +10,10 @@
 // StagedTransport (staged_transport.h), through which a CPU tensor (the
 // flags and counts that checkpoints and loads exchange) travels as a copy
 // on this rank's GPU, the one current when the group was created
-// (device()).
+// (device()). The transport itself never stages: built directly on a
+// Shared over another c10d backend, it carries CPU tensors as they are
+// (//tests:nccl_transport_test drives its own logic that way over Gloo,
+// where there is no GPU).
 //
 // One communicator per process group, as c10d has: the lanes of a group
 // share one ProcessGroupNCCL and issue to it in the order their collectives
@@ -21,7 +24,7 @@
 //
 // Exists only in builds with USE_C10D_NCCL (a CUDA LibTorch, as PyPI's
 // torch 2.11.0 is): compiled and linked in every build, run by
-// //tests:nccl_transport_test where a GPU is.
+// //tests:nccl_transport_test where a GPU is (and over Gloo everywhere).
 // Internal to core/comm; see transport.h for the contract.
 #ifndef FSDP2_CORE_COMM_INTERNAL_NCCL_TRANSPORT_H_
 #define FSDP2_CORE_COMM_INTERNAL_NCCL_TRANSPORT_H_
