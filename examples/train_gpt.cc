@@ -42,6 +42,7 @@
 
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/hf_checkpoint.h"
+#include "core/comm/backend.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/flags/flags.h"
@@ -464,20 +465,23 @@ int RunRank(const Flags& f) {
                                                   : fsdp::MixedPrecisionPolicy{};
   options.seed = f.seed;
   options.data_sampler.seed = f.seed;
-  options.checkpoint_format = f.checkpoint_format;
+  options.checkpoint_format = strategy::ParseCheckpointFormat(f.checkpoint_format);
   if (f.activation_checkpointing == 1) {
     options.activation_checkpointing = f.ac_every == 1
                                            ? fsdp::ActivationCheckpointing::Full()
                                            : fsdp::ActivationCheckpointing::Selective(f.ac_every);
   }
-  const char* backend = std::getenv("FSDP2_BACKEND");
-  options.backend = backend ? backend : "gloo";
-  options.device = f.device;
+  if (const char* backend = std::getenv("FSDP2_BACKEND")) {
+    options.backend = comm::ParseBackend(backend);
+  }
+  options.device = strategy::DeviceSpec::Parse(f.device);
   options.shard_group_size = f.shard_group_size;
   options.set_reshard_after_forward(f.reshard_after_forward);
   options.forward_prefetch = f.prefetch_depth;
   options.backward_prefetch = f.prefetch_depth;
-  options.gradient_accumulation = f.grad_accum_mode;
+  options.gradient_accumulation = f.grad_accum_mode == "sharded"
+                                      ? strategy::GradientAccumulation::kSharded
+                                      : strategy::GradientAccumulation::kLocal;
   options.ignored_params = strategy::SplitNames(f.ignored_params);
   options.ignored_params_all_reduce = f.ignored_params_all_reduce == 1;
   options.forward_prefetch_modules =

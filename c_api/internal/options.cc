@@ -86,18 +86,18 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
   }
   out.cpu_offload = o.cpu_offload != 0;
   switch (o.backend) {
-    case FSDP2_BACKEND_GLOO: out.backend = "gloo"; break;
-    case FSDP2_BACKEND_NCCL: out.backend = "nccl"; break;
+    case FSDP2_BACKEND_GLOO: out.backend = comm::Backend::kGloo; break;
+    case FSDP2_BACKEND_NCCL: out.backend = comm::Backend::kNccl; break;
     default:
       throw InvalidArgumentError("unknown backend " + std::to_string(static_cast<int>(o.backend)));
   }
   switch (o.device) {
-    case FSDP2_DEVICE_AUTO: out.device = "auto"; break;
-    case FSDP2_DEVICE_CPU: out.device = "cpu"; break;
+    case FSDP2_DEVICE_AUTO: out.device = strategy::DeviceSpec::Auto(); break;
+    case FSDP2_DEVICE_CPU: out.device = strategy::DeviceSpec::Cpu(); break;
     case FSDP2_DEVICE_CUDA:
       Require(o.device_index >= -1, "device_index must be -1 (the local rank's GPU) or a GPU "
                                     "number, got " + std::to_string(o.device_index));
-      out.device = o.device_index < 0 ? "cuda" : "cuda:" + std::to_string(o.device_index);
+      out.device = strategy::DeviceSpec::Cuda(o.device_index);
       break;
     default:
       throw InvalidArgumentError("unknown device " + std::to_string(static_cast<int>(o.device)));
@@ -105,8 +105,10 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
   Require(o.timeout_ms > 0, "timeout_ms must be positive, got " + std::to_string(o.timeout_ms));
   out.timeout = std::chrono::milliseconds(o.timeout_ms);
   switch (o.checkpoint_format) {
-    case FSDP2_CHECKPOINT_SHARDED: out.checkpoint_format = "sharded"; break;
-    case FSDP2_CHECKPOINT_FULL: out.checkpoint_format = "full"; break;
+    case FSDP2_CHECKPOINT_SHARDED:
+      out.checkpoint_format = strategy::CheckpointFormat::kSharded;
+      break;
+    case FSDP2_CHECKPOINT_FULL: out.checkpoint_format = strategy::CheckpointFormat::kFull; break;
     default:
       throw InvalidArgumentError("unknown checkpoint_format " +
                                  std::to_string(static_cast<int>(o.checkpoint_format)));
@@ -123,8 +125,12 @@ strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t*
   out.forward_prefetch = o.forward_prefetch;
   out.backward_prefetch = o.backward_prefetch;
   switch (o.gradient_accumulation) {
-    case FSDP2_ACCUMULATE_LOCAL: out.gradient_accumulation = "local"; break;
-    case FSDP2_ACCUMULATE_SHARDED: out.gradient_accumulation = "sharded"; break;
+    case FSDP2_ACCUMULATE_LOCAL:
+      out.gradient_accumulation = strategy::GradientAccumulation::kLocal;
+      break;
+    case FSDP2_ACCUMULATE_SHARDED:
+      out.gradient_accumulation = strategy::GradientAccumulation::kSharded;
+      break;
     default:
       throw InvalidArgumentError("unknown gradient_accumulation " +
                                  std::to_string(static_cast<int>(o.gradient_accumulation)));

@@ -156,20 +156,8 @@ FSDP2Strategy::FSDP2Strategy(FSDP2StrategyOptions options)
         "build trains on the CPU, where parameters, gradients and optimizer "
         "state already live in host memory; set cpu_offload = false");
   }
-  if (options_.backend != "gloo" && options_.backend != "nccl") {
-    throw InvalidArgumentError("FSDP2Strategy: backend must be gloo or nccl, got '" +
-                                options_.backend + "'");
-  }
-  if (options_.checkpoint_format != "sharded" && options_.checkpoint_format != "full") {
-    throw InvalidArgumentError("FSDP2Strategy: checkpoint_format must be sharded or full, got '" +
-                                options_.checkpoint_format + "'");
-  }
   if (options_.timeout.count() <= 0) {
     throw InvalidArgumentError("FSDP2Strategy: timeout must be positive");
-  }
-  if (options_.gradient_accumulation != "local" && options_.gradient_accumulation != "sharded") {
-    throw InvalidArgumentError("FSDP2Strategy: gradient_accumulation must be local or sharded, "
-                               "got '" + options_.gradient_accumulation + "'");
   }
 }
 
@@ -450,7 +438,7 @@ at::Tensor FSDP2Strategy::training_step(const Batch& host_batch, int64_t batch_i
 
 void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
   require(true, true, "backward");
-  const bool sharded = options_.gradient_accumulation == "sharded";
+  const bool sharded = options_.gradient_accumulation == GradientAccumulation::kSharded;
   fsdp::set_requires_gradient_sync(*module_->module(), sharded || sync_gradients);
   fsdp::set_requires_all_reduce(*module_->module(), !sharded || sync_gradients);
   loss.backward();
