@@ -889,7 +889,7 @@ TEST(FSDP2Strategy, BadOptionsSayWhatToChange) {
   };
   auto o = Options();
   o.data_parallel_size = strategy::ParallelSize::Of(-1);
-  expect_invalid(o, "must be \"auto\" or positive", false);
+  expect_invalid(o, "must be \"auto\" or a positive integer", false);
   o = Options();
   o.cpu_offload = true;
   expect_invalid(o, "not supported on this device", false);

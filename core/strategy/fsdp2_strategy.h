@@ -129,7 +129,8 @@ struct FSDP2StrategyOptions {
   int reshard_after_forward_size = 0;
   // Sets both from one integer, as the main job's --reshard-after-forward
   // and the C ABI take it: -1 the strategy's default, 0 no, 1 yes, k >= 2
-  // reshard_after_forward_size = k. Below -1: std::invalid_argument.
+  // reshard_after_forward_size = k. Below -1: InvalidArgumentError (a
+  // std::invalid_argument), from the option table's check.
   void set_reshard_after_forward(int value);
   // HYBRID_SHARD: ranks per shard group; the data-parallel ranks form a
   // (replicate x shard) mesh. 0: the ranks of one host, as the ranks tell
@@ -170,8 +171,8 @@ struct FSDP2StrategyOptions {
   // and saves): prefetch depths, forward and backward (0 or more, default
   // 1), and the divisor of reduced gradients (0: the data-parallel size,
   // the mean; 1: the sum). The loss a step reports is the mean over ranks
-  // whatever the divisor. Bad values: std::invalid_argument from
-  // parallelize().
+  // whatever the divisor. Bad values: InvalidArgumentError from the
+  // constructor.
   int forward_prefetch = 1;
   int backward_prefetch = 1;  // backward's prefetch depth; default 1
   double gradient_divide_factor = 0;  // 0 (default): the data-parallel size
@@ -249,9 +250,11 @@ class DataLoader {
 // its life). Not copyable; one thread at a time.
 class FSDP2Strategy {
  public:
-  // Keeps `options` and checks what can be checked alone (positive sizes,
-  // shard_group_size >= 0, no cpu_offload, timeout): InvalidArgumentError.
-  // No communication.
+  // Keeps `options` and runs every option's check of the option table
+  // (option_table.h: sizes, ranges such as forward_prefetch >= 0, no
+  // cpu_offload, ...): InvalidArgumentError naming the option. What needs
+  // the world or the model is checked by setup_environment() and
+  // parallelize(). No communication.
   explicit FSDP2Strategy(FSDP2StrategyOptions options = {});
   ~FSDP2Strategy();
   FSDP2Strategy(const FSDP2Strategy&) = delete;
