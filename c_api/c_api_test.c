@@ -727,6 +727,41 @@ static void TestOptionErrors(void) {
                FSDP2_ERROR_INVALID_ARGUMENT, "must be a number");
 }
 
+/* The option table (ABI 1.9): the schema lists the options, every JSON
+ * door runs each option's check, a strategy made from JSON alone. */
+static void TestOptionTable(void) {
+  const char* schema = fsdp2_options_schema();
+  fsdp2_strategy_options_t o;
+  fsdp2_step_options_t st;
+  fsdp2_strategy_t* s = NULL;
+  EXPECT(schema != NULL && schema[0] == '{', "schema");
+  EXPECT(strstr(schema, "\"name\":\"forward_prefetch\"") != NULL &&
+             strstr(schema, "\"name\":\"accumulate_grad_batches\"") != NULL &&
+             strstr(schema, "\"name\":\"weight_decay\"") != NULL,
+         "the schema lacks an option: %.200s", schema);
+  fsdp2_strategy_options_init(&o);
+  EXPECT_ERROR(fsdp2_strategy_options_from_json("{\"forward_prefetch\": -7}", &o),
+               FSDP2_ERROR_INVALID_ARGUMENT, "forward_prefetch must be 0 or more");
+  EXPECT(o.forward_prefetch == 1, "options changed by a failed call");
+  EXPECT_ERROR(fsdp2_strategy_create_from_json("{\"backward_prefetch\": -1}", &s),
+               FSDP2_ERROR_INVALID_ARGUMENT, "backward_prefetch must be 0 or more");
+  EXPECT_ERROR(fsdp2_strategy_create_from_json("{\"data_paralel_size\": 2}", &s),
+               FSDP2_ERROR_INVALID_ARGUMENT, "unknown option \"data_paralel_size\"");
+  EXPECT_ERROR(fsdp2_strategy_create_from_json("[]", &s), FSDP2_ERROR_INVALID_ARGUMENT,
+               "JSON object");
+  EXPECT(s == NULL, "output written on failure");
+  CHECK_OK(fsdp2_strategy_create_from_json(
+      "{\"sharding_strategy\": \"no_shard\", \"seed\": 3, \"ignored_params\": []}", &s));
+  fsdp2_strategy_destroy(s);
+  fsdp2_step_options_init(&st);
+  CHECK_OK(fsdp2_step_options_from_json(
+      "{\"accumulate_grad_batches\": 2, \"gradient_clip_val\": 0.5}", &st));
+  EXPECT(st.accumulate_grad_batches == 2 && st.gradient_clip_val == 0.5, "step options json");
+  EXPECT_ERROR(fsdp2_step_options_from_json("{\"accumulate_grad_batches\": 0}", &st),
+               FSDP2_ERROR_INVALID_ARGUMENT, "accumulate_grad_batches must be at least 1");
+  EXPECT(st.accumulate_grad_batches == 2, "step options changed by a failed call");
+}
+
 static void TestModelErrors(void) {
   fsdp2_model_t* m = NULL;
   int64_t tensors = 0, elements = 0;
@@ -1452,6 +1487,7 @@ int main(int argc, char** argv) {
   }
   TestVersionAndStatus();
   TestOptionErrors();
+  TestOptionTable();
   TestModelErrors();
   TestHandlesAndOrder();
   unsetenv("FSDP2_STORE_PATH");

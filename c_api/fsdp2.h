@@ -22,8 +22,8 @@
  *
  * Conventions (every function follows them):
  *  - Status: every function except the *_destroy functions, the *_init
- *    functions, the three error/version queries and fsdp2_allocator
- *    returns fsdp2_status_t.
+ *    functions, the three error/version queries, fsdp2_allocator and
+ *    fsdp2_options_schema returns fsdp2_status_t.
  *    On failure fsdp2_last_error() returns a message saying what was wrong
  *    (per thread, valid until this thread's next failed call). No C++
  *    exception ever crosses this boundary, and a failed call leaves its
@@ -75,15 +75,15 @@ extern "C" {
 /* Bumped by every compatible addition (new functions, fields appended to an
  * option struct); a library of the same major and a minor at least the
  * header's has everything the header declares. */
-#define FSDP2_ABI_VERSION_MINOR 8 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists; 1.8: Hugging Face Llama-family checkpoints, frozen parameters */
-/* Major and minor as one number, major * 1000 + minor (1008 for 1.8): the
+#define FSDP2_ABI_VERSION_MINOR 9 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists; 1.8: Hugging Face Llama-family checkpoints, frozen parameters; 1.9: fsdp2_options_schema, fsdp2_strategy_create_from_json, fsdp2_step_options_from_json */
+/* Major and minor as one number, major * 1000 + minor (1009 for 1.9): the
  * value fsdp2_abi_version() returns, so a caller can compare the two. */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
  * wheel, the jar and the pkg-config/CMake files; packaging/version_test.sh
  * checks that the two agree). */
-#define FSDP2_VERSION "1.8.0"
+#define FSDP2_VERSION "1.9.0"
 
 /* ------------------------------------------------------------------------
  * Status, errors, version, memory
@@ -115,7 +115,7 @@ FSDP2_API const char* fsdp2_status_name(int32_t status);
  * a header/library mismatch. */
 FSDP2_API int32_t fsdp2_abi_version(void);
 
-/* The library's version and build, e.g. "fsdp2 1.8.0 (LibTorch 2.11.0, cuda)".
+/* The library's version and build, e.g. "fsdp2 1.9.0 (LibTorch 2.11.0, cuda)".
  * Static storage. */
 FSDP2_API const char* fsdp2_version_string(void);
 
@@ -357,9 +357,10 @@ typedef struct fsdp2_strategy_options {
   const char* frozen_params;
 } fsdp2_strategy_options_t;
 
-/* Fills `options` with the defaults: auto sizes, FULL_SHARD, BF16, gloo,
- * 5 minutes, sharded checkpoints, seed 0, shuffle, drop_last, no
- * activation checkpointing (ac_every 2). */
+/* Fills `options` with the defaults, each option's in the library's option
+ * table (fsdp2_options_schema): auto sizes, FULL_SHARD, BF16, gloo, 5
+ * minutes, sharded checkpoints, seed 0, shuffle, drop_last, no activation
+ * checkpointing (ac_every 2), prefetch 1, ... */
 FSDP2_API void fsdp2_strategy_options_init(fsdp2_strategy_options_t* options);
 
 /* Updates `options` from a JSON object whose keys are the field names
@@ -371,11 +372,27 @@ FSDP2_API void fsdp2_strategy_options_init(fsdp2_strategy_options_t* options);
  * "backward_prefetch_modules": a string or an object such as
  * {"blocks.0": ["blocks.1", "blocks.2"]}), e.g.
  *   {"data_parallel_size": "auto", "sharding_strategy": "no_shard"}
- * Keys not given keep their value. Unknown keys, wrong types and bad JSON
+ * Keys not given keep their value. Unknown keys, wrong types, values out of
+ * their option's range (e.g. a negative forward_prefetch) and bad JSON
  * fail with FSDP2_ERROR_INVALID_ARGUMENT and leave `options` unchanged.
  * `json` is borrowed. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_options_from_json(
     const char* json, fsdp2_strategy_options_t* options);
+
+/* Since ABI 1.9. Every option the library takes, as one JSON object (static
+ * storage; never NULL): {"strategy": [...], "optimizer": [...], "step":
+ * [...]}, the options of fsdp2_strategy_options_t,
+ * fsdp2_optimizer_options_t and fsdp2_step_options_t, each a list of
+ * {"name" (the field and JSON key), "type" ("bool", "int", "uint64",
+ * "number", "choice", "size": "auto" or an int, "text": a string or null),
+ * "default" (as JSON), "doc" (one line), and where they apply "choices"
+ * (the names; an enumeration's codes are their positions), "min", "max",
+ * "min_exclusive", "max_exclusive", "requirement" (the range in words),
+ * "flag" (the main job's flag, "" for none), "flag_default", "flag_note",
+ * "see" (a page of docs/), "cpp" (the C++ field)}. The bindings read it:
+ * Python's keywords and their documentation, Java's test of its builder,
+ * the docs' tables. */
+FSDP2_API const char* fsdp2_options_schema(void);
 
 /* ------------------------------------------------------------------------
  * Models
@@ -523,6 +540,14 @@ typedef struct fsdp2_dataloader fsdp2_dataloader_t;
 FSDP2_API fsdp2_status_t fsdp2_strategy_create(
     const fsdp2_strategy_options_t* options, fsdp2_strategy_t** out);
 
+/* Since ABI 1.9. As fsdp2_strategy_create from a JSON object of options
+ * (borrowed; the keys and values of fsdp2_strategy_options_from_json, those
+ * not given at their defaults), without the struct: nothing of it outlives
+ * the call (from_json keeps its strings until the process ends). The
+ * Python and Java bindings create their strategies this way. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_create_from_json(const char* options_json,
+                                                         fsdp2_strategy_t** out);
+
 /* Tears down (as fsdp2_strategy_teardown) and frees. Accepts NULL. */
 FSDP2_API void fsdp2_strategy_destroy(fsdp2_strategy_t* strategy);
 
@@ -563,6 +588,14 @@ typedef struct fsdp2_step_options {
 
 /* Defaults: no accumulation, no clipping. */
 FSDP2_API void fsdp2_step_options_init(fsdp2_step_options_t* options);
+
+/* Since ABI 1.9. Updates `options` from a JSON object whose keys are the
+ * field names above, e.g. {"accumulate_grad_batches": 4}; as
+ * fsdp2_strategy_options_from_json (unknown keys, wrong types and values
+ * out of range fail with INVALID_ARGUMENT and leave `options` unchanged).
+ * `json` is borrowed. */
+FSDP2_API fsdp2_status_t fsdp2_step_options_from_json(const char* json,
+                                                      fsdp2_step_options_t* options);
 
 /* What fsdp2_strategy_training_step(_loader) reports; the same on every
  * rank. */

@@ -27,6 +27,17 @@ fsdp2_status_t fsdp2_strategy_create(const fsdp2_strategy_options_t* options,
   FSDP2_API_END
 }
 
+fsdp2_status_t fsdp2_strategy_create_from_json(const char* options_json,
+                                               fsdp2_strategy_t** out) {
+  FSDP2_API_BEGIN
+  NotNull(out, "out");
+  auto state = std::make_shared<StrategyState>();
+  state->strategy = std::make_unique<fsdp2::strategy::FSDP2Strategy>(
+      StrategyOptionsFromJson(ParseObject(options_json, "strategy options")));
+  *out = NewHandle<fsdp2_strategy_t>(Kind::kStrategy, state);
+  FSDP2_API_END
+}
+
 void fsdp2_strategy_destroy(fsdp2_strategy_t* strategy) {
   if (strategy == nullptr) return;
   auto state =

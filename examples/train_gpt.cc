@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <optional>
@@ -42,6 +43,7 @@
 
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/hf_checkpoint.h"
+#include "core/comm/backend.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/fully_shard.h"
@@ -53,6 +55,7 @@
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/fsdp_controls.h"
+#include "core/strategy/option_table.h"
 #include "core/strategy/trainer.h"
 #include "examples/flags/flags.h"
 
@@ -63,18 +66,14 @@ namespace fs = std::filesystem;
 
 struct Flags {
   int nproc = 2;
-  int tensor_parallel = 1;  // ranks per tensor-parallel group
-  std::string strategy = "full_shard";
-  int shard_group_size = 0;
-  int prefetch_depth = 1;  // forward and backward
-  int reshard_after_forward = -1;  // -1: the strategy's default
-  std::string grad_accum_mode = "local";
-  std::string ignored_params;  // names or globs, comma-separated
-  int ignored_params_all_reduce = 1;
-  std::string forward_prefetch_modules, backward_prefetch_modules;  // "unit:a,b;..."
+  // Every option of the option table with a flag (--strategy, --seed,
+  // --gradient-divide-factor, ...), read by ReadOptionFlags: the strategy's,
+  // the step's (--grad-accum, --clip) and the optimizer's (--lr).
+  strategy::FSDP2StrategyOptions options;
+  strategy::TrainerOptions step;
+  strategy::OptimizerOptions optimizer;
   int timeout_s = 300;  // FSDP2_TIMEOUT_S, when set, is the default
   int steps = 30;
-  uint64_t seed = 1337;
   int64_t batch_size = 8;  // per rank
   int64_t block_size = 64;
   int64_t n_layer = 4;
@@ -82,10 +81,6 @@ struct Flags {
   int64_t n_head = 4;
   std::string data = "pystdlib";
   int64_t vocab_size = 256;
-  double lr = 3e-3;
-  std::string mixed_precision = "fp32";
-  int grad_accum = 1;
-  double clip = 1.0;
   std::string metrics_out;
   int threads = 0;
   int log_every = 1;
@@ -94,19 +89,16 @@ struct Flags {
   std::string ckpt_dir;  // save a checkpoint (a directory) at the end
   int64_t ckpt_every = 0;
   std::string resume;    // continue from this checkpoint
-  std::string checkpoint_format = "sharded";
   int64_t ckpt_keep = 0;  // >0: save to ckpt-dir/step-N, keep the newest N
   bool ckpt_async = false;  // write checkpoints in the background
   int max_restarts = 0;     // restarts of all ranks after a rank fails
   int progress_bar = -1;
   int activation_checkpointing = 0;  // 1: recompute blocks in backward
   int ac_every = 1;                  // with it: every k-th block
-  std::string device = "auto";
   std::string init_from;  // the model's weights from this safetensors file
   std::string data_tokens;  // uint8|uint16|int32: --data is a flat token file
   std::string hf_model;     // train this Hugging Face checkpoint instead of a GPT
   std::string save_hf, save_hf_shard_size = "5GB", save_hf_dtype;
-  std::string frozen_params;  // names or globs, comma-separated
 };
 
 const char* kUsage =
@@ -143,24 +135,66 @@ std::string CheckpointTarget(const Flags& f) {
   return f.ckpt_keep > 0 ? (fs::path(f.ckpt_dir) / "step-0").string() : f.ckpt_dir;
 }
 
+// A flag's help: the accepted values, then the row's documentation.
+std::string OptionHelp(const strategy::OptionSpec& row) {
+  std::string values;
+  for (const auto& choice : row.choices) values += (values.empty() ? "" : "|") + choice;
+  if (values.empty() && !row.requirement.empty()) values = row.requirement;
+  return values.empty() ? row.doc : values + ": " + row.doc;
+}
+
+// One flag per row of `table` that names one, its default the row's (or the
+// main job's own, flag_default), each value parsed and checked by its row
+// and applied to `target`; `defaults` replaces a row's default text. A bad
+// value ends the program naming the flag.
+template <typename Target>
+void ReadOptionFlags(flags::Flags& parser, const strategy::OptionTable<Target>& table,
+                     Target* target, const std::map<std::string, std::string>& defaults = {}) {
+  for (const auto& row : table) {
+    if (row.flag.empty()) continue;
+    const auto given_default = defaults.find(row.name);
+    const std::string default_text =
+        given_default != defaults.end()
+            ? given_default->second
+            : strategy::OptionText(row.flag_default.is_null() ? row.default_value
+                                                              : row.flag_default);
+    const std::string text = parser.String(row.flag, default_text, OptionHelp(row));
+    try {
+      row.apply(*target, strategy::ParseOptionText(row, text));
+    } catch (const InvalidArgumentError& e) {
+      Fail("--" + row.flag + ": " + e.what());
+    }
+  }
+}
+
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   try {
     flags::Flags parser(argc, argv, kUsage);
     f.nproc = parser.Int("nproc", f.nproc, "local ranks to start");
-    f.tensor_parallel =
-        parser.Int("tensor-parallel", f.tensor_parallel, "ranks per tensor-parallel group");
-    f.strategy = parser.String("strategy", f.strategy,
-                               "full_shard|shard_grad_op|no_shard|hybrid_shard");
-    f.shard_group_size = parser.Int(
-        "shard-group-size", f.shard_group_size,
-        "hybrid_shard: ranks per shard group (0: the ranks of one host)");
+    // --prefetch-depth D: the default of both --forward-prefetch and
+    // --backward-prefetch.
+    const std::string depth = parser.String(
+        "prefetch-depth", "", "units all-gathered ahead in forward and backward (0: none, least "
+        "memory): the default of --forward-prefetch and --backward-prefetch");
+    std::map<std::string, std::string> defaults;
+    if (!depth.empty()) {
+      try {
+        strategy::ParseOptionText(*strategy::FindOption(strategy::StrategyOptionTable(),
+                                                        "forward_prefetch"), depth);
+      } catch (const InvalidArgumentError& e) {
+        Fail(std::string("--prefetch-depth: ") + e.what());
+      }
+      defaults = {{"forward_prefetch", depth}, {"backward_prefetch", depth}};
+    }
+    ReadOptionFlags(parser, strategy::StrategyOptionTable(), &f.options, defaults);
+    ReadOptionFlags(parser, strategy::StepOptionTable(), &f.step);
+    ReadOptionFlags(parser, strategy::OptimizerOptionTable(), &f.optimizer);
     if (const char* t = std::getenv("FSDP2_TIMEOUT_S")) f.timeout_s = std::atoi(t);
     f.timeout_s = parser.Int("timeout", f.timeout_s,
                              "seconds a rendezvous or collective may take (default: "
                              "FSDP2_TIMEOUT_S or 300)");
     f.steps = parser.Int("steps", f.steps, "optimizer steps");
-    f.seed = parser.Int("seed", f.seed, "seed of the model, the data and the sampler");
     f.batch_size =
         parser.Int("batch-size", f.batch_size, "sequences per data-parallel rank and step");
     f.block_size = parser.Int("block-size", f.block_size, "tokens per sequence");
@@ -169,10 +203,6 @@ Flags ParseFlags(int argc, char** argv) {
     f.n_head = parser.Int("n-head", f.n_head, "attention heads");
     f.data = parser.String("data", f.data, "PATH (a text file), pystdlib or synthetic");
     f.vocab_size = parser.Int("vocab-size", f.vocab_size, "vocabulary of --data synthetic");
-    f.lr = parser.Double("lr", f.lr, "AdamW learning rate");
-    f.mixed_precision = parser.String("mixed-precision", f.mixed_precision, "fp32|bf16");
-    f.grad_accum = parser.Int("grad-accum", f.grad_accum, "micro-batches per step");
-    f.clip = parser.Double("clip", f.clip, "gradient clipping norm (0: off)");
     f.metrics_out = parser.String("metrics-out", f.metrics_out,
                                   "metrics JSON lines (default: out-dir/metrics.jsonl)");
     f.threads = parser.Int("threads", f.threads,
@@ -188,8 +218,6 @@ Flags ParseFlags(int argc, char** argv) {
                                "save a checkpoint (a directory, either format) here at the end");
     f.ckpt_every = parser.Int("ckpt-every", f.ckpt_every, "steps between checkpoints");
     f.resume = parser.String("resume", f.resume, "continue from this checkpoint");
-    f.checkpoint_format =
-        parser.String("checkpoint-format", f.checkpoint_format, "sharded|full");
     f.ckpt_keep = parser.Int("ckpt-keep", f.ckpt_keep,
                              "K > 0: save to ckpt-dir/step-N, keep the newest K");
     f.activation_checkpointing = parser.Int(
@@ -197,35 +225,6 @@ Flags ParseFlags(int argc, char** argv) {
         "1: recompute each block's activations in backward instead of keeping them");
     f.ac_every = parser.Int("ac-every", f.ac_every,
                             "with --activation-checkpointing 1: every k-th block (1: all)");
-    f.prefetch_depth = parser.Int("prefetch-depth", f.prefetch_depth,
-                                  "units all-gathered ahead in forward and backward "
-                                  "(0: none, least memory)");
-    f.reshard_after_forward = parser.Int(
-        "reshard-after-forward", f.reshard_after_forward,
-        "-1: the strategy's default, 0: keep parameters gathered until backward, 1: free "
-        "them, K: keep them sharded over groups of K ranks (a host's) so backward "
-        "all-gathers stay inside the group");
-    f.grad_accum_mode = parser.String(
-        "grad-accum-mode", f.grad_accum_mode,
-        "local (keep unsharded gradients until the last micro-batch) | sharded "
-        "(reduce-scatter each micro-batch, all-reduce across replicas at the last)");
-    f.ignored_params = parser.String(
-        "ignored-params", f.ignored_params,
-        "parameters kept out of sharding, whole on every rank: names or globs, "
-        "comma-separated, e.g. \"wpe.weight\" (not cast to bf16)");
-    f.ignored_params_all_reduce = parser.Int(
-        "ignored-params-all-reduce", f.ignored_params_all_reduce,
-        "1: backward all-reduces the ignored parameters' gradients (training equals one "
-        "process); 0: each rank keeps its own");
-    f.forward_prefetch_modules = parser.String(
-        "forward-prefetch-modules", f.forward_prefetch_modules,
-        "explicit forward prefetch lists in place of the depth: "
-        "\"blocks.0:blocks.1,blocks.2;blocks.1:blocks.3\" (\"\" before ':' is the root)");
-    f.backward_prefetch_modules = parser.String(
-        "backward-prefetch-modules", f.backward_prefetch_modules,
-        "explicit backward prefetch lists, as --forward-prefetch-modules");
-    f.device = parser.String("device", f.device,
-                             "auto|cpu|cuda|cuda:K (auto: the rank's GPU where there is one)");
     f.init_from = parser.String("init-from", f.init_from,
                                 "start from these weights (a safetensors file of full tensors "
                                 "by name, e.g. a PyTorch model's state_dict) instead of a "
@@ -244,9 +243,6 @@ Flags ParseFlags(int argc, char** argv) {
                                          "largest file of --save-hf (5GB, 500MB, 2GiB, bytes)");
     f.save_hf_dtype = parser.String("save-hf-dtype", f.save_hf_dtype,
                                     "float32|bfloat16|float16 for --save-hf (default: as trained)");
-    f.frozen_params = parser.String("frozen-params", f.frozen_params,
-                                    "parameters not trained (names or globs, comma-separated: "
-                                    "\"model.embed_tokens.*,model.layers.0.*\")");
     f.ckpt_async = parser.Int("ckpt-async", f.ckpt_async ? 1 : 0,
                               "1: write checkpoints in the background while training goes on") != 0;
     f.max_restarts = parser.Int("max-restarts", f.max_restarts,
@@ -258,7 +254,6 @@ Flags ParseFlags(int argc, char** argv) {
   }
 
   if (f.nproc < 1) Fail("--nproc must be at least 1, got " + std::to_string(f.nproc));
-  if (f.tensor_parallel < 1) Fail("--tensor-parallel must be at least 1");
   if (f.activation_checkpointing != 0 && f.activation_checkpointing != 1) {
     Fail("--activation-checkpointing must be 0 or 1, got " +
          std::to_string(f.activation_checkpointing));
@@ -269,15 +264,6 @@ Flags ParseFlags(int argc, char** argv) {
   }
   if (f.steps < 1) Fail("--steps must be at least 1");
   if (f.batch_size < 1) Fail("--batch-size must be at least 1");
-  if (f.grad_accum < 1) Fail("--grad-accum must be at least 1");
-  if (f.mixed_precision != "fp32" && f.mixed_precision != "bf16") {
-    Fail("--mixed-precision must be fp32 or bf16, got '" + f.mixed_precision + "'");
-  }
-  try {
-    fsdp::ParseShardingStrategy(f.strategy);
-  } catch (const std::exception& e) {
-    Fail(std::string("--strategy: ") + e.what());
-  }
   if (!f.hf_model.empty() && !fs::exists(fs::path(f.hf_model) / "config.json")) {
     Fail("--hf-model " + f.hf_model + ": has no config.json (a Hugging Face checkpoint "
          "directory, as save_pretrained writes it)");
@@ -308,29 +294,11 @@ Flags ParseFlags(int argc, char** argv) {
   if (!f.resume.empty() && !fs::exists(f.resume) && !fs::exists(f.resume + ".old")) {
     Fail("--resume " + f.resume + ": no such checkpoint");
   }
-  if (f.checkpoint_format != "sharded" && f.checkpoint_format != "full") {
-    Fail("--checkpoint-format must be sharded or full, got '" + f.checkpoint_format + "'");
-  }
   if ((f.ckpt_every > 0 || f.ckpt_keep > 0) && f.ckpt_dir.empty()) {
     Fail("--ckpt-every and --ckpt-keep need --ckpt-dir");
   }
   if (f.ckpt_keep < 0) Fail("--ckpt-keep must be positive");
   if (f.max_restarts < 0) Fail("--max-restarts must be 0 or more");
-  if (f.shard_group_size < 0) Fail("--shard-group-size must be 0 (a host) or positive");
-  if (f.prefetch_depth < 0) Fail("--prefetch-depth must be 0 or more");
-  if (f.reshard_after_forward < -1) Fail("--reshard-after-forward must be -1, 0, 1 or a group size");
-  if (f.grad_accum_mode != "local" && f.grad_accum_mode != "sharded") {
-    Fail("--grad-accum-mode must be local or sharded, got '" + f.grad_accum_mode + "'");
-  }
-  if (f.ignored_params_all_reduce != 0 && f.ignored_params_all_reduce != 1) {
-    Fail("--ignored-params-all-reduce must be 0 or 1");
-  }
-  try {
-    strategy::ParsePrefetchModules(f.forward_prefetch_modules, "--forward-prefetch-modules");
-    strategy::ParsePrefetchModules(f.backward_prefetch_modules, "--backward-prefetch-modules");
-  } catch (const std::exception& e) {
-    Fail(e.what());
-  }
   if (f.timeout_s < 1) Fail("--timeout must be at least 1 second");
   if (!f.ckpt_dir.empty()) {
     // Before any training: a target that cannot take a checkpoint fails now.
@@ -413,7 +381,7 @@ std::pair<strategy::Batch, strategy::Batch> Windows(const Flags& f, at::Tensor t
                                                     int64_t vocab) {
   const int64_t T = f.block_size + 1;
   if (!tokens.defined()) {
-    auto gen = at::detail::createCPUGenerator(f.seed);
+    auto gen = at::detail::createCPUGenerator(f.options.seed);
     tokens = at::randint(vocab, {4096 * T}, gen, at::TensorOptions().dtype(at::kLong));
   }
   const int64_t rows = tokens.size(0) / T;
@@ -455,36 +423,28 @@ int ThreadsPerRank(const Flags& f, const comm::World& world) {
   return std::max<int>(1, cores / static_cast<int>(here));
 }
 
+// The tensor-parallel group's size: --tensor-parallel, or 1 for auto (the
+// data-parallel ranks are then all of them).
+int TensorParallel(const Flags& f) { return f.options.tensor_parallel_size.value.value_or(1); }
+
+// The option `name`'s value in `f`, as its flag writes it ("bf16").
+std::string OptionValue(const Flags& f, const char* name) {
+  const auto* row = strategy::FindOption(strategy::StrategyOptionTable(), name);
+  return strategy::OptionText(row->get(f.options).value_or(nlohmann::json()));
+}
+
 int RunRank(const Flags& f) {
-  strategy::FSDP2StrategyOptions options;
-  options.sharding_strategy = fsdp::ParseShardingStrategy(f.strategy);
-  // Explicit: data parallelism over whatever tensor parallelism leaves.
-  options.tensor_parallel_size = strategy::ParallelSize::Of(f.tensor_parallel);
-  options.mp_policy = f.mixed_precision == "bf16" ? strategy::DefaultMixedPrecision()
-                                                  : fsdp::MixedPrecisionPolicy{};
-  options.seed = f.seed;
-  options.data_sampler.seed = f.seed;
-  options.checkpoint_format = f.checkpoint_format;
+  // The table's options as the flags set them; what the main job sets its
+  // own way (the rows' flag_note) below.
+  strategy::FSDP2StrategyOptions options = f.options;
   if (f.activation_checkpointing == 1) {
     options.activation_checkpointing = f.ac_every == 1
                                            ? fsdp::ActivationCheckpointing::Full()
                                            : fsdp::ActivationCheckpointing::Selective(f.ac_every);
   }
-  const char* backend = std::getenv("FSDP2_BACKEND");
-  options.backend = backend ? backend : "gloo";
-  options.device = f.device;
-  options.shard_group_size = f.shard_group_size;
-  options.set_reshard_after_forward(f.reshard_after_forward);
-  options.forward_prefetch = f.prefetch_depth;
-  options.backward_prefetch = f.prefetch_depth;
-  options.gradient_accumulation = f.grad_accum_mode;
-  options.ignored_params = strategy::SplitNames(f.ignored_params);
-  options.ignored_params_all_reduce = f.ignored_params_all_reduce == 1;
-  options.forward_prefetch_modules =
-      strategy::ParsePrefetchModules(f.forward_prefetch_modules, "--forward-prefetch-modules");
-  options.backward_prefetch_modules =
-      strategy::ParsePrefetchModules(f.backward_prefetch_modules, "--backward-prefetch-modules");
-  options.frozen_params = strategy::SplitNames(f.frozen_params);
+  if (const char* backend = std::getenv("FSDP2_BACKEND")) {
+    options.backend = comm::ParseBackend(backend);
+  }
   options.timeout = std::chrono::seconds(f.timeout_s);
   strategy::FSDP2Strategy strategy(options);
   strategy.setup_environment();
@@ -503,16 +463,16 @@ int RunRank(const Flags& f) {
   // Seeded alike on every rank.
   std::shared_ptr<strategy::TrainingModule> module;
   if (f.hf_model.empty()) {
-    module = std::make_shared<models::GPTModule>(config, models::GPT2AdamW(f.lr));
+    module = std::make_shared<models::GPTModule>(config, models::GPT2AdamW(f.optimizer.lr));
   } else {
     // Built deferred where it can be (no tensor parallelism): no rank ever
     // holds the whole model, on the host or its GPU; parallelize() loads
     // each rank's rows.
     std::optional<fsdp::DeferredInitGuard> deferred;
-    if (f.tensor_parallel == 1) {
+    if (TensorParallel(f) == 1) {
       deferred.emplace(strategy.tensor_init_context());
     }
-    auto llama = models::LlamaModule::FromPretrained(f.hf_model, models::GPT2AdamW(f.lr));
+    auto llama = models::LlamaModule::FromPretrained(f.hf_model, models::GPT2AdamW(f.optimizer.lr));
     deferred.reset();
     config.vocab_size = llama->config().vocab_size;
     config.n_layer = llama->config().num_hidden_layers;
@@ -547,8 +507,8 @@ int RunRank(const Flags& f) {
   strategy::TrainerOptions trainer_options;
   trainer_options.max_steps = f.steps;
   trainer_options.max_epochs = 1000000;
-  trainer_options.accumulate_grad_batches = f.grad_accum;
-  trainer_options.gradient_clip_val = f.clip;
+  trainer_options.accumulate_grad_batches = f.step.accumulate_grad_batches;
+  trainer_options.gradient_clip_val = f.step.gradient_clip_val;
   trainer_options.val_check_interval = f.val_every;
   trainer_options.limit_val_batches = 4;
   trainer_options.log_every_n_steps = f.log_every;
@@ -613,16 +573,17 @@ int RunRank(const Flags& f) {
       std::printf("model: %s (%s, %lld layers, vocabulary %lld)%s%s\n", f.hf_model.c_str(),
                   static_cast<models::LlamaModule&>(*module).config().model_type.c_str(),
                   (long long)config.n_layer, (long long)config.vocab_size,
-                  f.frozen_params.empty() ? "" : "; frozen: ", f.frozen_params.c_str());
+                  options.frozen_params.empty() ? "" : "; frozen: ",
+                  OptionValue(f, "frozen_params").c_str());
     }
     std::printf("data: %s (%lld training windows of %lld tokens); %d ranks x %lld "
                 "sequences x %d micro-batches; %s on %s; %s\n",
                 tokens.defined() ? f.data.c_str() : "synthetic",
                 (long long)train_set[0].size(0), (long long)f.block_size,
                 strategy.data_parallel_size(),
-                (long long)f.batch_size, f.grad_accum,
+                (long long)f.batch_size, f.step.accumulate_grad_batches,
                 fsdp::ToString(options.sharding_strategy),
-                strategy.fsdp_mesh()->ToString().c_str(), f.mixed_precision.c_str());
+                strategy.fsdp_mesh()->ToString().c_str(), OptionValue(f, "precision").c_str());
     std::printf("hosts: %d; gloo: %s; threads per rank: %d; device: %s\n",
                 strategy.world()->num_hosts(), strategy.world()->network().c_str(), threads,
                 strategy.device().str().c_str());
@@ -679,13 +640,15 @@ int RunRank(const Flags& f) {
 // The sizes that --nproc must fit when this process launches the ranks
 // (under an outside launcher the world size decides, in FSDP2Strategy).
 void CheckLocalSizes(const Flags& f) {
-  if (f.tensor_parallel < 1 || f.nproc % f.tensor_parallel != 0) {
+  const int tp = TensorParallel(f);
+  const int shard_group_size = f.options.shard_group_size;
+  if (f.nproc % tp != 0) {
     Fail("--tensor-parallel must divide --nproc (" + std::to_string(f.nproc) + "), got " +
-         std::to_string(f.tensor_parallel));
+         std::to_string(tp));
   }
-  if (f.shard_group_size > 0 && (f.nproc / f.tensor_parallel) % f.shard_group_size != 0) {
-    Fail("--shard-group-size must divide the " + std::to_string(f.nproc / f.tensor_parallel) +
-         " data-parallel ranks, got " + std::to_string(f.shard_group_size));
+  if (shard_group_size > 0 && (f.nproc / tp) % shard_group_size != 0) {
+    Fail("--shard-group-size must divide the " + std::to_string(f.nproc / tp) +
+         " data-parallel ranks, got " + std::to_string(shard_group_size));
   }
 }
 

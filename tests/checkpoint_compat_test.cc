@@ -42,7 +42,7 @@ std::shared_ptr<models::GPTModule> FixtureModule() {
 // checkpoint in out-dir.
 FSDP2_SCENARIO(resave) {
   strategy::FSDP2StrategyOptions options;
-  options.checkpoint_format = "full";
+  options.checkpoint_format = strategy::CheckpointFormat::kFull;
   options.timeout = std::chrono::seconds(60);
   strategy::FSDP2Strategy s(options);
   s.setup_environment();

@@ -194,7 +194,7 @@ expect_error "is a directory" --data "$tmp"
 expect_error "unknown sharding strategy" --strategy zero3
 expect_error "--shard-group-size must divide the 3 data-parallel ranks" --nproc 3 --strategy hybrid_shard --shard-group-size 2
 expect_error "no such checkpoint" --resume "$tmp/no_such_ckpt"
-expect_error "must be sharded or full" --checkpoint-format zip
+expect_error "unknown checkpoint format" --checkpoint-format zip
 expect_error "--tensor-parallel must divide --nproc" --nproc 2 --tensor-parallel 3
 # A target that cannot take a checkpoint is refused before any training, in
 # both formats (one line, no loss printed).

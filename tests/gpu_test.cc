@@ -95,8 +95,8 @@ strategy::DistributedSamplerOptions Sampler() {
 // (the device and its peak allocated bytes).
 FSDP2_SCENARIO(gpu_train) {
   strategy::FSDP2StrategyOptions o = TestStrategyOptions(kSeed, kSamplerSeed);
-  o.device = Device(args.at(0));
-  o.backend = Backend(args.at(1));
+  o.device = strategy::DeviceSpec::Parse(Device(args.at(0)));
+  o.backend = comm::ParseBackend(Backend(args.at(1)));
   if (args.at(3) == "1") o.activation_checkpointing = fsdp::ActivationCheckpointing::Full();
   const int steps = std::stoi(args.at(4));
   std::string save = args.at(5);
@@ -109,7 +109,7 @@ FSDP2_SCENARIO(gpu_train) {
     o.shard_group_size = 2;
   }
   const bool async = save.rfind("async", 0) == 0;
-  if (save.rfind("async-full:", 0) == 0) o.checkpoint_format = "full";
+  if (save.rfind("async-full:", 0) == 0) o.checkpoint_format = strategy::CheckpointFormat::kFull;
   if (async) save = save.substr(save.find(':') + 1);
   strategy::FSDP2Strategy s(o);
   s.setup_environment();

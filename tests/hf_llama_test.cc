@@ -54,7 +54,7 @@ strategy::OptimizerOptions AdamW() { return models::GPT2AdamW(1e-3); }
 strategy::FSDP2StrategyOptions Options(std::string sharding, int tp) {
   strategy::FSDP2StrategyOptions o;
   o.mp_policy = fsdp::MixedPrecisionPolicy{};
-  o.device = "cpu";
+  o.device = strategy::DeviceSpec::Cpu();
   o.timeout = std::chrono::seconds(60);
   const auto plus = sharding.find("+ac");
   if (plus != std::string::npos) {

@@ -184,7 +184,8 @@ fi
 # and an ignored parameter whose gradient backward() all-reduces, by name
 # through the main job's flags: one process with the same flags prints the
 # same losses (the ignored embedding is not cast to bf16 in either).
-ctl=(--ignored-params wpe.weight --forward-prefetch-modules ":blocks.1,blocks.0"
+ctl=(--ignored-params wpe.weight --ignored-params-all-reduce 1
+     --forward-prefetch-modules ":blocks.1,blocks.0"
      --backward-prefetch-modules ":blocks.0,blocks.1;blocks.1:blocks.0")
 if one_ctl=$(timeout 300 "$train" --nproc 1 --batch-size 8 "${common[@]}" "${ctl[@]}" \
       --out-dir "$tmp/one-ctl" 2>&1) &&

@@ -14,7 +14,7 @@ strategy::FSDP2StrategyOptions TestStrategyOptions(uint64_t seed, uint64_t sampl
   o.seed = seed;
   o.data_sampler.seed = sampler_seed;
   o.timeout = std::chrono::seconds(60);
-  o.device = "cpu";  // the same tests on a machine with a GPU (tests/gpu_test.cc uses it)
+  o.device = strategy::DeviceSpec::Cpu();  // the same tests on a machine with a GPU (tests/gpu_test.cc uses it)
   return o;
 }
 

@@ -49,7 +49,7 @@ FSDP2_SCENARIO(tp_checkpoint) {
   o.tensor_parallel_size = strategy::ParallelSize::Parse(args.at(1));
   const bool save = args.at(2) != "load";
   const std::string dir = args.at(3);
-  if (save) o.checkpoint_format = args.at(4);
+  if (save) o.checkpoint_format = strategy::ParseCheckpointFormat(args.at(4));
   strategy::FSDP2Strategy s(o);
   s.setup_environment();
   s.connect(TestGPTModule(HeadsGPT()));

@@ -1,12 +1,9 @@
 #include "c_api/internal/options.h"
 
-#include <chrono>
-#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <unordered_set>
-
-#include "core/strategy/fsdp_controls.h"
+#include <vector>
 
 namespace fsdp2 {
 namespace c_api {
@@ -30,134 +27,158 @@ nlohmann::json ParseObject(const char* json, const char* what) {
   return value;
 }
 
-int32_t JsonSize(const nlohmann::json& v, const std::string& key) {
-  if (v.is_string() && v.get<std::string>() == "auto") return 0;
-  if (v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() < (1 << 30)) {
-    return static_cast<int32_t>(v.get<int64_t>());
-  }
-  throw InvalidArgumentError("\"" + key + "\" must be \"auto\" or a positive integer, got " +
-                             v.dump());
+namespace {
+
+using nlohmann::json;
+
+// Field bindings by type. Integer fields are read as they are, so that a
+// value out of its option's range reaches the row's check.
+template <typename S, typename F>
+OptionField<S> Number(F S::*member) {
+  return {[member](const S& o) { return json(o.*member); },
+          [member](S& o, const json& v) { o.*member = v.get<F>(); }};
 }
 
-int32_t JsonBool(const nlohmann::json& v, const std::string& key) {
-  if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
-  if (v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1)) {
-    return static_cast<int32_t>(v.get<int64_t>());
-  }
-  throw InvalidArgumentError("\"" + key + "\" must be true or false, got " + v.dump());
+// 0 or 1 in an int32_t.
+template <typename S>
+OptionField<S> Bool(int32_t S::*member) {
+  return {[member](const S& o) { return json(o.*member); },
+          [member](S& o, const json& v) { o.*member = v.get<bool>() ? 1 : 0; }};
 }
 
-void UnknownKey(const std::string& key, const char* known) {
-  throw InvalidArgumentError("unknown option \"" + key + "\" (known: " + known + ")");
+// "auto" as 0.
+template <typename S>
+OptionField<S> Size(int32_t S::*member) {
+  return {[member](const S& o) { return o.*member == 0 ? json("auto") : json(o.*member); },
+          [member](S& o, const json& v) { o.*member = v.is_string() ? 0 : v.get<int32_t>(); }};
+}
+
+// A C enumeration whose codes are the positions of its row's choices.
+template <typename S, typename Target>
+OptionField<S> Choice(int32_t S::*member, const strategy::OptionTable<Target>& table,
+                      const std::string& name) {
+  const std::vector<std::string> choices = strategy::FindOption(table, name)->choices;
+  return {[member, choices, name](const S& o) {
+            const int32_t code = o.*member;
+            if (code < 0 || code >= static_cast<int32_t>(choices.size())) {
+              throw InvalidArgumentError("unknown " + name + " " + std::to_string(code));
+            }
+            return json(choices[static_cast<size_t>(code)]);
+          },
+          [member, choices](S& o, const json& v) {
+            o.*member = static_cast<int32_t>(
+                std::find(choices.begin(), choices.end(), v.get<std::string>()) - choices.begin());
+          }};
+}
+
+// A string the library keeps (InternString); NULL and "" are none.
+template <typename S>
+OptionField<S> Text(const char* S::*member) {
+  return {[member](const S& o) {
+            const char* text = o.*member;
+            return text == nullptr || *text == '\0' ? json() : json(text);
+          },
+          [member](S& o, const json& v) {
+            const bool none = !v.is_string() || v.get<std::string>().empty();
+            o.*member = none ? nullptr : InternString(v.get<std::string>());
+          }};
+}
+
+// device and device_index together: "auto", "cpu", "cuda", "cuda:K".
+OptionField<fsdp2_strategy_options_t> Device() {
+  using S = fsdp2_strategy_options_t;
+  return {[](const S& o) -> json {
+            switch (o.device) {
+              case FSDP2_DEVICE_AUTO: return "auto";
+              case FSDP2_DEVICE_CPU: return "cpu";
+              case FSDP2_DEVICE_CUDA:
+                Require(o.device_index >= -1, "device_index must be -1 (the local rank's GPU) "
+                                              "or a GPU number, got " +
+                                                  std::to_string(o.device_index));
+                return strategy::DeviceSpec::Cuda(o.device_index).ToString();
+              default:
+                throw InvalidArgumentError("unknown device " +
+                                           std::to_string(static_cast<int>(o.device)));
+            }
+          },
+          [](S& o, const json& v) {
+            const strategy::DeviceSpec d = strategy::DeviceSpec::Parse(v.get<std::string>());
+            o.device = d.kind == strategy::DeviceKind::kAuto  ? FSDP2_DEVICE_AUTO
+                       : d.kind == strategy::DeviceKind::kCpu ? FSDP2_DEVICE_CPU
+                                                              : FSDP2_DEVICE_CUDA;
+            o.device_index = d.index;
+          }};
+}
+
+}  // namespace
+
+const OptionFields<fsdp2_strategy_options_t>& StrategyOptionFields() {
+  using S = fsdp2_strategy_options_t;
+  const auto& t = strategy::StrategyOptionTable();
+  static const auto* fields = new OptionFields<S>{
+      {"data_parallel_size", Size(&S::data_parallel_size)},
+      {"tensor_parallel_size", Size(&S::tensor_parallel_size)},
+      {"shuffle", Bool(&S::shuffle)},
+      {"drop_last", Bool(&S::drop_last)},
+      {"precision", Choice(&S::precision, t, "precision")},
+      {"sharding_strategy", Choice(&S::sharding_strategy, t, "sharding_strategy")},
+      {"reshard_after_forward", Number(&S::reshard_after_forward)},
+      {"shard_group_size", Number(&S::shard_group_size)},
+      {"cpu_offload", Bool(&S::cpu_offload)},
+      {"device", Device()},
+      {"backend", Choice(&S::backend, t, "backend")},
+      {"timeout_ms", Number(&S::timeout_ms)},
+      {"checkpoint_format", Choice(&S::checkpoint_format, t, "checkpoint_format")},
+      {"seed", Number(&S::seed)},
+      {"activation_checkpointing",
+       Choice(&S::activation_checkpointing, t, "activation_checkpointing")},
+      {"ac_every", Number(&S::ac_every)},
+      {"forward_prefetch", Number(&S::forward_prefetch)},
+      {"backward_prefetch", Number(&S::backward_prefetch)},
+      {"gradient_divide_factor", Number(&S::gradient_divide_factor)},
+      {"gradient_accumulation", Choice(&S::gradient_accumulation, t, "gradient_accumulation")},
+      {"forward_prefetch_modules", Text(&S::forward_prefetch_modules)},
+      {"backward_prefetch_modules", Text(&S::backward_prefetch_modules)},
+      {"ignored_params", Text(&S::ignored_params)},
+      {"ignored_params_all_reduce", Bool(&S::ignored_params_all_reduce)},
+      {"frozen_params", Text(&S::frozen_params)},
+  };
+  return *fields;
+}
+
+const OptionFields<fsdp2_optimizer_options_t>& OptimizerOptionFields() {
+  using S = fsdp2_optimizer_options_t;
+  static const auto* fields = new OptionFields<S>{
+      {"kind", Choice(&S::kind, strategy::OptimizerOptionTable(), "kind")},
+      {"lr", Number(&S::lr)},
+      {"beta1", Number(&S::beta1)},
+      {"beta2", Number(&S::beta2)},
+      {"eps", Number(&S::eps)},
+      {"weight_decay", Number(&S::weight_decay)},
+      {"momentum", Number(&S::momentum)},
+  };
+  return *fields;
+}
+
+const OptionFields<fsdp2_step_options_t>& StepOptionFields() {
+  using S = fsdp2_step_options_t;
+  static const auto* fields = new OptionFields<S>{
+      {"accumulate_grad_batches", Number(&S::accumulate_grad_batches)},
+      {"gradient_clip_val", Number(&S::gradient_clip_val)},
+  };
+  return *fields;
 }
 
 strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t* options) {
   fsdp2_strategy_options_t o;
   fsdp2_strategy_options_init(&o);
   if (options != nullptr) CopyGrown(&o, options);
+  return ApplyOptions(strategy::StrategyOptionTable(), StrategyOptionFields(), o);
+}
+
+strategy::FSDP2StrategyOptions StrategyOptionsFromJson(const nlohmann::json& config) {
   strategy::FSDP2StrategyOptions out;
-  Require(o.data_parallel_size >= 0, "data_parallel_size must be 0 (auto) or positive, got " +
-                                         std::to_string(o.data_parallel_size));
-  Require(o.tensor_parallel_size >= 0, "tensor_parallel_size must be 0 (auto) or positive, got " +
-                                           std::to_string(o.tensor_parallel_size));
-  if (o.data_parallel_size > 0) {
-    out.data_parallel_size = strategy::ParallelSize::Of(o.data_parallel_size);
-  }
-  if (o.tensor_parallel_size > 0) {
-    out.tensor_parallel_size = strategy::ParallelSize::Of(o.tensor_parallel_size);
-  }
-  switch (o.sharding_strategy) {
-    case FSDP2_FULL_SHARD: out.sharding_strategy = fsdp::ShardingStrategy::kFullShard; break;
-    case FSDP2_SHARD_GRAD_OP: out.sharding_strategy = fsdp::ShardingStrategy::kShardGradOp; break;
-    case FSDP2_NO_SHARD: out.sharding_strategy = fsdp::ShardingStrategy::kNoShard; break;
-    case FSDP2_HYBRID_SHARD: out.sharding_strategy = fsdp::ShardingStrategy::kHybridShard; break;
-    default:
-      throw InvalidArgumentError("unknown sharding_strategy " +
-                                 std::to_string(o.sharding_strategy));
-  }
-  out.set_reshard_after_forward(o.reshard_after_forward);
-  out.shard_group_size = o.shard_group_size;
-  switch (o.precision) {
-    case FSDP2_PRECISION_FP32: out.mp_policy = fsdp::MixedPrecisionPolicy{}; break;
-    case FSDP2_PRECISION_BF16: out.mp_policy = strategy::DefaultMixedPrecision(); break;
-    default:
-      throw InvalidArgumentError("unknown precision " +
-                                 std::to_string(static_cast<int>(o.precision)));
-  }
-  out.cpu_offload = o.cpu_offload != 0;
-  switch (o.backend) {
-    case FSDP2_BACKEND_GLOO: out.backend = "gloo"; break;
-    case FSDP2_BACKEND_NCCL: out.backend = "nccl"; break;
-    default:
-      throw InvalidArgumentError("unknown backend " + std::to_string(static_cast<int>(o.backend)));
-  }
-  switch (o.device) {
-    case FSDP2_DEVICE_AUTO: out.device = "auto"; break;
-    case FSDP2_DEVICE_CPU: out.device = "cpu"; break;
-    case FSDP2_DEVICE_CUDA:
-      Require(o.device_index >= -1, "device_index must be -1 (the local rank's GPU) or a GPU "
-                                    "number, got " + std::to_string(o.device_index));
-      out.device = o.device_index < 0 ? "cuda" : "cuda:" + std::to_string(o.device_index);
-      break;
-    default:
-      throw InvalidArgumentError("unknown device " + std::to_string(static_cast<int>(o.device)));
-  }
-  Require(o.timeout_ms > 0, "timeout_ms must be positive, got " + std::to_string(o.timeout_ms));
-  out.timeout = std::chrono::milliseconds(o.timeout_ms);
-  switch (o.checkpoint_format) {
-    case FSDP2_CHECKPOINT_SHARDED: out.checkpoint_format = "sharded"; break;
-    case FSDP2_CHECKPOINT_FULL: out.checkpoint_format = "full"; break;
-    default:
-      throw InvalidArgumentError("unknown checkpoint_format " +
-                                 std::to_string(static_cast<int>(o.checkpoint_format)));
-  }
-  out.seed = o.seed;
-  out.data_sampler.seed = o.seed;
-  out.data_sampler.shuffle = o.shuffle != 0;
-  out.data_sampler.drop_last = o.drop_last != 0;
-  Require(o.ac_every >= 1, "ac_every must be at least 1 (checkpoint every k-th block), got " +
-                               std::to_string(o.ac_every));
-  Require(o.forward_prefetch >= 0 && o.backward_prefetch >= 0,
-          "forward_prefetch and backward_prefetch must be 0 or more, got " +
-              std::to_string(o.forward_prefetch) + " and " + std::to_string(o.backward_prefetch));
-  out.forward_prefetch = o.forward_prefetch;
-  out.backward_prefetch = o.backward_prefetch;
-  switch (o.gradient_accumulation) {
-    case FSDP2_ACCUMULATE_LOCAL: out.gradient_accumulation = "local"; break;
-    case FSDP2_ACCUMULATE_SHARDED: out.gradient_accumulation = "sharded"; break;
-    default:
-      throw InvalidArgumentError("unknown gradient_accumulation " +
-                                 std::to_string(static_cast<int>(o.gradient_accumulation)));
-  }
-  Require(o.gradient_divide_factor == 0 ||
-              (o.gradient_divide_factor > 0 && std::isfinite(o.gradient_divide_factor)),
-          "gradient_divide_factor must be 0 (the data-parallel size) or positive, got " +
-              std::to_string(o.gradient_divide_factor));
-  out.gradient_divide_factor = o.gradient_divide_factor;
-  if (o.ignored_params != nullptr) out.ignored_params = strategy::SplitNames(o.ignored_params);
-  Require(o.ignored_params_all_reduce == 0 || o.ignored_params_all_reduce == 1,
-          "ignored_params_all_reduce must be 0 or 1, got " +
-              std::to_string(o.ignored_params_all_reduce));
-  out.ignored_params_all_reduce = o.ignored_params_all_reduce == 1;
-  if (o.frozen_params != nullptr) out.frozen_params = strategy::SplitNames(o.frozen_params);
-  if (o.forward_prefetch_modules != nullptr) {
-    out.forward_prefetch_modules =
-        strategy::ParsePrefetchModules(o.forward_prefetch_modules, "forward_prefetch_modules");
-  }
-  if (o.backward_prefetch_modules != nullptr) {
-    out.backward_prefetch_modules =
-        strategy::ParsePrefetchModules(o.backward_prefetch_modules, "backward_prefetch_modules");
-  }
-  switch (o.activation_checkpointing) {
-    case FSDP2_AC_NONE: break;
-    case FSDP2_AC_FULL: out.activation_checkpointing = fsdp::ActivationCheckpointing::Full(); break;
-    case FSDP2_AC_SELECTIVE:
-      out.activation_checkpointing = fsdp::ActivationCheckpointing::Selective(o.ac_every);
-      break;
-    default:
-      throw InvalidArgumentError("unknown activation_checkpointing " +
-                                 std::to_string(static_cast<int>(o.activation_checkpointing)));
-  }
+  strategy::ApplyJsonOptions(strategy::StrategyOptionTable(), config, &out);
   return out;
 }
 
@@ -165,13 +186,7 @@ fsdp2_optimizer_options_t ReadOptimizerOptions(const fsdp2_optimizer_options_t* 
   fsdp2_optimizer_options_t o;
   fsdp2_optimizer_options_init(&o);
   if (options != nullptr) CopyGrown(&o, options);
-  Require(o.kind >= FSDP2_OPTIMIZER_ADAMW && o.kind <= FSDP2_OPTIMIZER_SGD,
-          "unknown optimizer kind " + std::to_string(static_cast<int>(o.kind)));
-  Require(o.lr > 0 && std::isfinite(o.lr), "optimizer lr must be positive");
-  Require(o.eps > 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 &&
-              o.weight_decay >= 0 && o.momentum >= 0,
-          "optimizer options out of range: need eps > 0, 0 <= beta1, beta2 < 1, "
-          "weight_decay >= 0, momentum >= 0");
+  ApplyOptions(strategy::OptimizerOptionTable(), OptimizerOptionFields(), o);  // the checks
   return o;
 }
 
@@ -179,10 +194,7 @@ fsdp2_step_options_t ReadStepOptions(const fsdp2_step_options_t* options) {
   fsdp2_step_options_t o;
   fsdp2_step_options_init(&o);
   if (options != nullptr) CopyGrown(&o, options);
-  Require(o.accumulate_grad_batches >= 1, "accumulate_grad_batches must be at least 1, got " +
-                                              std::to_string(o.accumulate_grad_batches));
-  Require(o.gradient_clip_val >= 0 && std::isfinite(o.gradient_clip_val),
-          "gradient_clip_val must be 0 (off) or a positive number");
+  ApplyOptions(strategy::StepOptionTable(), StepOptionFields(), o);  // the checks
   return o;
 }
 
@@ -213,56 +225,34 @@ std::pair<strategy::TokenDatasetOptions, int64_t> ToTokenDatasetOptions(
 
 // ---------------------------------------------------------------------------
 // Defaults: the *_init entry points, here because the readers above start
-// from them.
+// from them. The token loader's options are not the table's (only C,
+// Python's token_dataloader and Java's tokenDataLoader take them).
 
 extern "C" {
 
+// Each struct zeroed, then every row's default written into its field.
 void fsdp2_strategy_options_init(fsdp2_strategy_options_t* o) {
+  using namespace fsdp2;  // NOLINT
   if (o == nullptr) return;
   std::memset(static_cast<void*>(o), 0, sizeof(*o));
   o->struct_size = sizeof(*o);
-  o->sharding_strategy = FSDP2_FULL_SHARD;
-  o->reshard_after_forward = -1;
-  o->precision = FSDP2_PRECISION_BF16;
-  o->backend = FSDP2_BACKEND_GLOO;
-  o->timeout_ms = 5 * 60 * 1000;
-  o->checkpoint_format = FSDP2_CHECKPOINT_SHARDED;
-  o->shuffle = 1;
-  o->drop_last = 1;
-  o->activation_checkpointing = FSDP2_AC_NONE;
-  o->ac_every = 2;
-  o->device = FSDP2_DEVICE_AUTO;
-  o->device_index = -1;
-  o->forward_prefetch = 1;
-  o->backward_prefetch = 1;
-  o->gradient_accumulation = FSDP2_ACCUMULATE_LOCAL;
-  o->gradient_divide_factor = 0;
-  o->ignored_params = nullptr;
-  o->ignored_params_all_reduce = 0;
-  o->forward_prefetch_modules = nullptr;
-  o->backward_prefetch_modules = nullptr;
-  o->frozen_params = nullptr;
+  c_api::WriteDefaults(strategy::StrategyOptionTable(), c_api::StrategyOptionFields(), o);
 }
 
 void fsdp2_optimizer_options_init(fsdp2_optimizer_options_t* o) {
+  using namespace fsdp2;  // NOLINT
   if (o == nullptr) return;
   std::memset(static_cast<void*>(o), 0, sizeof(*o));
   o->struct_size = sizeof(*o);
-  o->kind = FSDP2_OPTIMIZER_ADAMW;
-  o->lr = 1e-3;
-  o->beta1 = 0.9;
-  o->beta2 = 0.999;
-  o->eps = 1e-8;
-  o->weight_decay = 0.01;
-  o->momentum = 0;
+  c_api::WriteDefaults(strategy::OptimizerOptionTable(), c_api::OptimizerOptionFields(), o);
 }
 
 void fsdp2_step_options_init(fsdp2_step_options_t* o) {
+  using namespace fsdp2;  // NOLINT
   if (o == nullptr) return;
   std::memset(static_cast<void*>(o), 0, sizeof(*o));
   o->struct_size = sizeof(*o);
-  o->accumulate_grad_batches = 1;
-  o->gradient_clip_val = 0;
+  c_api::WriteDefaults(strategy::StepOptionTable(), c_api::StepOptionFields(), o);
 }
 
 void fsdp2_token_loader_options_init(fsdp2_token_loader_options_t* o) {

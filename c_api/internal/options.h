@@ -1,9 +1,12 @@
 // fsdp2/c_api/internal/options.h
 //
-// The C option structs (fsdp2_*_options_t) read safely and turned into the
-// core's options: CopyGrown copies a caller's struct of any (older) size,
-// the Json* helpers read one JSON value with a message naming the key, and
-// To*Options validate a struct and convert it. Adding an option: see
+// The C option structs (fsdp2_*_options_t) over the option table
+// (core/strategy/option_table.h). The table has every option's default,
+// check and conversion; this file only says where each option sits in its
+// C struct (a binding per field: OptionFields) and runs the table's rows
+// over the struct: the defaults (*_init), JSON (*_from_json), and the
+// checks and conversion to the core's options (To*Options). CopyGrown
+// copies a caller's struct of any (older) size. Adding an option: see
 // c_api/README.md ("Adding an option").
 #ifndef FSDP2_C_API_INTERNAL_OPTIONS_H_
 #define FSDP2_C_API_INTERNAL_OPTIONS_H_
@@ -12,15 +15,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <string>
-#include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "c_api/fsdp2.h"
 #include "c_api/internal/api_impl.h"
 #include "core/common/error.h"
 #include "core/strategy/fsdp2_strategy.h"
+#include "core/strategy/option_table.h"
 #include "core/strategy/token_dataset.h"
 
 namespace fsdp2 {
@@ -50,51 +54,74 @@ void CopyBack(const Options& o, Options* caller) {
 // `json` parsed; InvalidArgumentError unless it is a JSON object.
 nlohmann::json ParseObject(const char* json, const char* what);
 
-// "auto" (0) or a positive integer.
-int32_t JsonSize(const nlohmann::json& v, const std::string& key);
-// true/false or 0/1, as 1/0.
-int32_t JsonBool(const nlohmann::json& v, const std::string& key);
-// Throws InvalidArgumentError("unknown option ... (known: <known>)").
-[[noreturn]] void UnknownKey(const std::string& key, const char* known);
-
-template <typename T>
-T JsonNumber(const nlohmann::json& v, const std::string& key) {
-  if (std::is_unsigned<T>::value && v.is_number_integer() && v.get<int64_t>() < 0 &&
-      !v.is_number_unsigned()) {
-    throw InvalidArgumentError("\"" + key + "\" must not be negative, got " + v.dump());
-  }
-  if (!v.is_number()) {
-    throw InvalidArgumentError("\"" + key + "\" must be a number, got " + v.dump());
-  }
-  if (std::is_integral<T>::value && !v.is_number_integer()) {
-    throw InvalidArgumentError("\"" + key + "\" must be an integer, got " + v.dump());
-  }
-  return v.get<T>();
-}
-
-// One of `names` (a string), as its value.
-template <typename E>
-E JsonEnum(const nlohmann::json& v, const std::string& key,
-           const std::vector<std::pair<const char*, E>>& names) {
-  std::string known;
-  for (const auto& [name, value] : names) {
-    if (v.is_string() && v.get<std::string>() == name) return value;
-    known += (known.empty() ? "" : ", ") + std::string(name);
-  }
-  throw InvalidArgumentError("\"" + key + "\" must be one of " + known + ", got " + v.dump());
-}
-
 // A copy of `s` that lives until the process ends (one per distinct
 // string): what *_from_json puts in an option struct's string fields.
 const char* InternString(const std::string& s);
 
-// The caller's options (NULL: defaults), validated and converted.
+// Where one option sits in a C struct: its field read as the option's
+// canonical JSON (strategy::ParseOption checks it; a C enum code it does
+// not know throws) and a canonical value written into it.
+template <typename CStruct>
+struct OptionField {
+  std::function<nlohmann::json(const CStruct&)> read;
+  std::function<void(CStruct&, const nlohmann::json&)> write;
+};
+// Every option of a C struct by its row's name; one field per row.
+template <typename CStruct>
+using OptionFields = std::map<std::string, OptionField<CStruct>>;
+
+const OptionFields<fsdp2_strategy_options_t>& StrategyOptionFields();
+const OptionFields<fsdp2_optimizer_options_t>& OptimizerOptionFields();
+const OptionFields<fsdp2_step_options_t>& StepOptionFields();
+
+// The caller's options (NULL: defaults), checked by every row and
+// converted by the rows into the core's options.
 strategy::FSDP2StrategyOptions ToStrategyOptions(const fsdp2_strategy_options_t* options);
+// The options of a JSON object (keys not given: their defaults), each
+// parsed and checked by its row and applied (strategy::ApplyJsonOptions).
+strategy::FSDP2StrategyOptions StrategyOptionsFromJson(const nlohmann::json& config);
+// The caller's optimizer and step options (NULL: defaults), every row's
+// check run, as the struct.
 fsdp2_optimizer_options_t ReadOptimizerOptions(const fsdp2_optimizer_options_t* options);
 fsdp2_step_options_t ReadStepOptions(const fsdp2_step_options_t* options);
 // Also returns the global batch size.
 std::pair<strategy::TokenDatasetOptions, int64_t> ToTokenDatasetOptions(
     const fsdp2_token_loader_options_t* options);
+
+// *_from_json's loop: every key of `config` (a JSON object) parsed by its
+// row and written into its field of `o`; InvalidArgumentError for a key no
+// row has, naming the known ones.
+template <typename CStruct, typename Target>
+void ReadJsonOptions(const strategy::OptionTable<Target>& table,
+                     const OptionFields<CStruct>& fields, const nlohmann::json& config,
+                     CStruct* o) {
+  for (const auto& [key, value] : config.items()) {
+    const strategy::OptionRow<Target>* row = strategy::FindOption(table, key);
+    if (row == nullptr) strategy::UnknownOption(table, key);
+    fields.at(key).write(*o, strategy::ParseOption(*row, value));
+  }
+}
+
+// *_init's loop: every row's default written into its field.
+template <typename CStruct, typename Target>
+void WriteDefaults(const strategy::OptionTable<Target>& table,
+                   const OptionFields<CStruct>& fields, CStruct* o) {
+  for (const auto& row : table) {
+    const auto field = fields.find(row.name);
+    if (field != fields.end()) field->second.write(*o, row.default_value);
+  }
+}
+
+// Every field read, checked by its row and applied to a `Target`.
+template <typename CStruct, typename Target>
+Target ApplyOptions(const strategy::OptionTable<Target>& table,
+                    const OptionFields<CStruct>& fields, const CStruct& o) {
+  Target out;
+  for (const auto& row : table) {
+    row.apply(out, strategy::ParseOption(row, fields.at(row.name).read(o)));
+  }
+  return out;
+}
 
 }  // namespace c_api
 }  // namespace fsdp2

@@ -49,7 +49,7 @@ RendezvousOptions RendezvousOptions::FromEnv() {
   o.master_port = EnvInt("MASTER_PORT", o.master_port);
   o.store_path = EnvString("FSDP2_STORE_PATH", "");
   o.timeout = std::chrono::seconds(EnvInt("FSDP2_TIMEOUT_S", 300));
-  o.backend = EnvString("FSDP2_BACKEND", o.backend);
+  o.backend = ParseBackend(EnvString("FSDP2_BACKEND", ToString(o.backend)));
   return o;
 }
 
@@ -94,17 +94,7 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
         << world_size << " (need 0 <= rank < world size)";
     throw InvalidArgumentError(msg.str());
   }
-  if (options.backend != "gloo" && options.backend != "nccl") {
-    throw InvalidArgumentError("fsdp2: unknown backend '" + options.backend +
-                                "' (expected gloo or nccl)");
-  }
-#ifndef USE_C10D_NCCL
-  if (options.backend == "nccl") {
-    throw InvalidArgumentError(
-        "fsdp2: backend 'nccl' needs a CUDA build of LibTorch; this build "
-        "has only gloo");
-  }
-#endif
+  RequireBuilt(options.backend);
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   const std::string where = "fsdp2: rank " + std::to_string(rank) + ": ";
@@ -167,7 +157,7 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
             watch_store, rank, std::chrono::seconds(1));
       }
     }
-    if (options.backend == "gloo") {
+    if (options.backend == Backend::kGloo) {
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       if (ifname != nullptr && *ifname != '\0') {
         impl->gloo_device =
@@ -236,7 +226,7 @@ std::shared_ptr<ProcessGroup> World::new_groups(
     impl->global_ranks = ranks;
     impl->rank = my_index;
     impl->world_rank = me;
-    impl->backend = impl_->options.backend;
+    impl->backend = ToString(impl_->options.backend);
     impl->timeout = impl_->options.timeout;
     if (ranks.size() > 1) {
       impl->peer_check.store = impl_->store;

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/backend.h"
 #include "core/comm/process_group.h"
 
 namespace fsdp2 {
@@ -38,11 +39,11 @@ struct RendezvousOptions {
   std::string store_path;
   // Applies to the rendezvous and to every collective.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  std::string backend = "gloo";  // "gloo" or "nccl" (CUDA builds)
+  Backend backend = Backend::kGloo;  // kNccl: CUDA builds only
 
   // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FSDP2_STORE_PATH,
-  // FSDP2_TIMEOUT_S and FSDP2_BACKEND, each optional (defaults above).
-  // Throws std::invalid_argument on malformed values.
+  // FSDP2_TIMEOUT_S and FSDP2_BACKEND ("gloo" or "nccl"), each optional
+  // (defaults above). Throws std::invalid_argument on malformed values.
   static RendezvousOptions FromEnv();
 };
 

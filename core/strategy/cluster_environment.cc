@@ -123,7 +123,7 @@ ClusterEnvironment ClusterEnvironment::Detect(const Getenv& getenv) {
 }
 
 comm::RendezvousOptions ClusterEnvironment::ToRendezvous(
-    std::chrono::milliseconds timeout, const std::string& backend) const {
+    std::chrono::milliseconds timeout, comm::Backend backend) const {
   comm::RendezvousOptions o;
   o.rank = rank;
   o.world_size = world_size;

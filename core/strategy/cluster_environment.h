@@ -58,9 +58,9 @@ struct ClusterEnvironment {
   static ClusterEnvironment Detect(const Getenv& getenv = ::getenv);
 
   // The options comm::World's rendezvous takes: these rank, size, master
-  // and store path, with `timeout` and `backend` ("gloo" or "nccl").
+  // and store path, with `timeout` and `backend`.
   comm::RendezvousOptions ToRendezvous(std::chrono::milliseconds timeout,
-                                       const std::string& backend) const;
+                                       comm::Backend backend) const;
   // For logs, e.g. "slurm(rank=3, world_size=8, local_rank=3, node_rank=0,
   // master=node1:15042)".
   std::string ToString() const;

@@ -34,7 +34,7 @@ TEST(ClusterEnvironment, Torchrun) {
   EXPECT_EQ(c.node_rank, 2);
   EXPECT_EQ(c.master_addr, "10.0.0.7");
   EXPECT_EQ(c.master_port, 29400);
-  auto r = c.ToRendezvous(std::chrono::seconds(7), "gloo");
+  auto r = c.ToRendezvous(std::chrono::seconds(7), comm::Backend::kGloo);
   EXPECT_TRUE(r.store_path.empty());
   EXPECT_EQ(r.rank, 5);
   EXPECT_EQ(r.world_size, 8);
@@ -104,7 +104,7 @@ TEST(ClusterEnvironment, BadValuesNameTheVariable) {
 
 TEST(ClusterEnvironment, StorePathSelectsAFileStore) {
   auto c = DetectFrom({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"FSDP2_STORE_PATH", "/tmp/x"}});
-  EXPECT_EQ(c.ToRendezvous(std::chrono::seconds(1), "gloo").store_path, "/tmp/x");
+  EXPECT_EQ(c.ToRendezvous(std::chrono::seconds(1), comm::Backend::kGloo).store_path, "/tmp/x");
 }
 
 TEST(ClusterEnvironment, FirstSlurmHost) {

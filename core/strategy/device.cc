@@ -25,40 +25,53 @@ constexpr bool kCudaBuild = false;
 
 }  // namespace
 
+DeviceSpec DeviceSpec::Parse(const std::string& text) {
+  if (text == "auto") return Auto();
+  if (text == "cpu") return Cpu();
+  if (text == "cuda") return Cuda();
+  const std::string digits = text.rfind("cuda:", 0) == 0 ? text.substr(5) : "";
+  if (!digits.empty() && digits.size() <= 4 &&
+      digits.find_first_not_of("0123456789") == std::string::npos) {
+    return Cuda(std::stoi(digits));
+  }
+  throw InvalidArgumentError("device must be auto, cpu, cuda or cuda:K (\"cuda:K\": the GPU "
+                             "numbered K), got \"" + text + "\"");
+}
+
+std::string DeviceSpec::ToString() const {
+  switch (kind) {
+    case DeviceKind::kAuto: return "auto";
+    case DeviceKind::kCpu: return "cpu";
+    case DeviceKind::kCuda: return index < 0 ? "cuda" : "cuda:" + std::to_string(index);
+  }
+  return "?";
+}
+
 at::Device ResolveDevice(const std::string& device, int local_rank) {
+  return ResolveDevice(DeviceSpec::Parse(device), local_rank);
+}
+
+at::Device ResolveDevice(const DeviceSpec& device, int local_rank) {
   const auto accelerator = at::accelerator::getAccelerator(/*checked=*/false);
   const int gpus = accelerator && *accelerator == at::kCUDA
                        ? static_cast<int>(at::accelerator::deviceCount())
                        : 0;
-  if (device == "cpu" || (device == "auto" && gpus == 0)) return at::Device(at::kCPU);
-  int index = -1;
-  if (device == "auto" || device == "cuda") {
-    index = gpus > 0 ? local_rank % gpus : 0;
-  } else if (device.rfind("cuda:", 0) == 0) {
-    try {
-      size_t used = 0;
-      index = std::stoi(device.substr(5), &used);
-      if (used != device.size() - 5) index = -1;
-    } catch (const std::exception&) {
-      index = -1;
-    }
-    if (index < 0) {
-      throw InvalidArgumentError("FSDP2Strategy: device '" + device +
-                                  "' is not \"cuda:K\" with a GPU number K");
-    }
-  } else {
-    throw InvalidArgumentError("FSDP2Strategy: device must be auto, cpu, cuda or cuda:K, got '" +
-                                device + "'");
+  if (device.kind == DeviceKind::kCpu || (device.kind == DeviceKind::kAuto && gpus == 0)) {
+    return at::Device(at::kCPU);
   }
+  const int index = device.kind == DeviceKind::kCuda && device.index >= 0
+                        ? device.index
+                        : (gpus > 0 ? local_rank % gpus : 0);
+  const std::string name = device.ToString();
   if (gpus == 0) {
     throw InvalidArgumentError(
-        "FSDP2Strategy: device '" + device + "' but this process sees no CUDA device (" +
+        "FSDP2Strategy: device '" + name + "' but this process sees no CUDA device (" +
         std::string(kCudaBuild ? "none visible: check CUDA_VISIBLE_DEVICES and the driver"
                                : "this LibTorch has no CUDA") +
         "); use device \"cpu\" or \"auto\"");
   }
   if (index >= gpus) {
-    throw InvalidArgumentError("FSDP2Strategy: device '" + device + "' but this process sees " +
+    throw InvalidArgumentError("FSDP2Strategy: device '" + name + "' but this process sees " +
                                 std::to_string(gpus) + " GPU(s)");
   }
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));

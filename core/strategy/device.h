@@ -16,11 +16,46 @@
 namespace fsdp2 {
 namespace strategy {
 
-// `device` ("auto", "cpu", "cuda" or "cuda:K") for the rank `local_rank` of
-// its host: "auto" is the CPU where no CUDA device is visible, else as
-// "cuda"; "cuda" is GPU local_rank modulo the visible GPUs (ranks beyond
-// the GPUs share them). Throws InvalidArgumentError for another name, a
-// GPU that is not there, or "cuda" where none is visible.
+// Where a rank is asked to train (FSDP2StrategyOptions::device), before
+// setup_environment() resolves it for the rank (ResolveDevice).
+enum class DeviceKind {
+  kAuto,  // its GPU where CUDA devices are visible, else the CPU
+  kCpu,   // the CPU, even where GPUs are visible
+  kCuda,  // a GPU: `index`, or the local rank's
+};
+
+// A device kind with its GPU number: the typed form of "auto", "cpu",
+// "cuda" and "cuda:K", which front ends parse once (Parse) and core reads.
+struct DeviceSpec {
+  DeviceKind kind = DeviceKind::kAuto;  // default: auto
+  // kCuda only: the GPU's number K ("cuda:K"), or -1 ("cuda"): the local
+  // rank's, modulo the visible GPUs.
+  int index = -1;
+
+  // auto, the default.
+  static DeviceSpec Auto() { return {}; }
+  // The CPU.
+  static DeviceSpec Cpu() { return {DeviceKind::kCpu, -1}; }
+  // GPU `index`; -1: the local rank's.
+  static DeviceSpec Cuda(int index = -1) { return {DeviceKind::kCuda, index}; }
+  // "auto", "cpu", "cuda" or "cuda:K" (K a GPU number, at most 4 digits).
+  // Throws InvalidArgumentError naming the accepted forms otherwise.
+  static DeviceSpec Parse(const std::string& text);
+  // The text Parse reads back: "auto", "cpu", "cuda" or "cuda:K".
+  std::string ToString() const;
+  // The same kind and index.
+  bool operator==(const DeviceSpec& other) const {
+    return kind == other.kind && index == other.index;
+  }
+};
+
+// `device` for the rank `local_rank` of its host: auto is the CPU where no
+// CUDA device is visible, else as cuda; cuda without an index is GPU
+// local_rank modulo the visible GPUs (ranks beyond the GPUs share them).
+// Throws InvalidArgumentError for a GPU that is not there, or cuda where
+// none is visible.
+c10::Device ResolveDevice(const DeviceSpec& device, int local_rank);
+// ResolveDevice(DeviceSpec::Parse(device), local_rank): for a name.
 c10::Device ResolveDevice(const std::string& device, int local_rank);
 
 // How compute in `dtype` (bf16 or fp16) compares with fp32 on a CPU with

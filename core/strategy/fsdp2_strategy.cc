@@ -6,6 +6,7 @@
 #include "core/fsdp/unit_plan.h"
 #include "core/strategy/device.h"
 #include "core/strategy/fsdp_controls.h"
+#include "core/strategy/option_table.h"
 #include "core/launch/allocator.h"
 #include "core/launch/local_launcher.h"
 #include "core/tp/clip_grad.h"
@@ -137,40 +138,8 @@ Batch DataLoader::batch(int64_t index) const {
 
 FSDP2Strategy::FSDP2Strategy(FSDP2StrategyOptions options)
     : options_(std::move(options)) {
-  for (const auto& [name, size] :
-       {std::make_pair("data_parallel_size", options_.data_parallel_size),
-        std::make_pair("tensor_parallel_size", options_.tensor_parallel_size)}) {
-    if (size.value && *size.value < 1) {
-      throw InvalidArgumentError(std::string("FSDP2Strategy: ") + name +
-                                  " must be \"auto\" or positive, got " +
-                                  std::to_string(*size.value));
-    }
-  }
-  if (options_.shard_group_size < 0) {
-    throw InvalidArgumentError(
-        "FSDP2Strategy: shard_group_size must be 0 (auto) or positive");
-  }
-  if (options_.cpu_offload) {
-    throw InvalidArgumentError(
-        "FSDP2Strategy: cpu_offload is not supported on this device: this "
-        "build trains on the CPU, where parameters, gradients and optimizer "
-        "state already live in host memory; set cpu_offload = false");
-  }
-  if (options_.backend != "gloo" && options_.backend != "nccl") {
-    throw InvalidArgumentError("FSDP2Strategy: backend must be gloo or nccl, got '" +
-                                options_.backend + "'");
-  }
-  if (options_.checkpoint_format != "sharded" && options_.checkpoint_format != "full") {
-    throw InvalidArgumentError("FSDP2Strategy: checkpoint_format must be sharded or full, got '" +
-                                options_.checkpoint_format + "'");
-  }
-  if (options_.timeout.count() <= 0) {
-    throw InvalidArgumentError("FSDP2Strategy: timeout must be positive");
-  }
-  if (options_.gradient_accumulation != "local" && options_.gradient_accumulation != "sharded") {
-    throw InvalidArgumentError("FSDP2Strategy: gradient_accumulation must be local or sharded, "
-                               "got '" + options_.gradient_accumulation + "'");
-  }
+  // Every option's check, as every front end runs it (option_table.h).
+  CheckOptions(StrategyOptionTable(), options_, "FSDP2Strategy: ");
 }
 
 FSDP2Strategy::~FSDP2Strategy() = default;
@@ -450,7 +419,7 @@ at::Tensor FSDP2Strategy::training_step(const Batch& host_batch, int64_t batch_i
 
 void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
   require(true, true, "backward");
-  const bool sharded = options_.gradient_accumulation == "sharded";
+  const bool sharded = options_.gradient_accumulation == GradientAccumulation::kSharded;
   fsdp::set_requires_gradient_sync(*module_->module(), sharded || sync_gradients);
   fsdp::set_requires_all_reduce(*module_->module(), !sharded || sync_gradients);
   loss.backward();

@@ -38,11 +38,13 @@
 #include <vector>
 
 #include "core/checkpoint/background_saver.h"
+#include "core/comm/backend.h"
 #include "core/comm/device_mesh.h"
 #include "core/comm/world.h"
 #include "core/fsdp/deferred_init.h"
 #include "core/fsdp/fully_shard.h"
 #include "core/strategy/device.h"
+#include "core/strategy/option_enums.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/distributed_sampler.h"
 #include "core/strategy/lazy_zero_grad.h"
@@ -127,7 +129,8 @@ struct FSDP2StrategyOptions {
   int reshard_after_forward_size = 0;
   // Sets both from one integer, as the main job's --reshard-after-forward
   // and the C ABI take it: -1 the strategy's default, 0 no, 1 yes, k >= 2
-  // reshard_after_forward_size = k. Below -1: std::invalid_argument.
+  // reshard_after_forward_size = k. Below -1: InvalidArgumentError (a
+  // std::invalid_argument), from the option table's check.
   void set_reshard_after_forward(int value);
   // HYBRID_SHARD: ranks per shard group; the data-parallel ranks form a
   // (replicate x shard) mesh. 0: the ranks of one host, as the ranks tell
@@ -138,24 +141,23 @@ struct FSDP2StrategyOptions {
   // Keep sharded state in host memory. Refused on this CPU-only build: the
   // state already lives there.
   bool cpu_offload = false;
-  // Where this rank trains: "auto" (its GPU when CUDA devices are visible,
-  // else the CPU), "cpu", "cuda" (GPU local_rank modulo the visible GPUs:
-  // ranks beyond the GPUs share them), or "cuda:K". setup_environment()
-  // makes that GPU the process's current device; parallelize() moves the
-  // model there before sharding it, and the steps copy each batch there.
-  // Throws InvalidArgumentError for "cuda" where no GPU is visible.
-  std::string device = "auto";
-  // "gloo" (host transports; device tensors are staged through host
-  // memory) or "nccl" (CUDA builds; one GPU per rank).
-  std::string backend = "gloo";
+  // Where this rank trains: auto (its GPU when CUDA devices are visible,
+  // else the CPU), cpu, cuda (GPU local_rank modulo the visible GPUs:
+  // ranks beyond the GPUs share them), or cuda:K (DeviceSpec::Cuda(K)).
+  // setup_environment() makes that GPU the process's current device;
+  // parallelize() moves the model there before sharding it, and the steps
+  // copy each batch there. setup_environment() throws
+  // InvalidArgumentError for cuda where no GPU is visible.
+  DeviceSpec device;
+  // kGloo (host transports; device tensors are staged through host
+  // memory) or kNccl (CUDA builds; one GPU per rank).
+  comm::Backend backend = comm::Backend::kGloo;
   // How long rendezvous and each collective wait for the other ranks before
   // failing; must be positive (InvalidArgumentError). Default 5 minutes.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // save_checkpoint's format; the target is a directory in both:
-  // "sharded" (every rank writes its rows: DIR/rank<r>-of-<N>.safetensors
-  // and DIR/metadata.json) or "full" (rank 0 writes one safetensors file,
-  // DIR/checkpoint.safetensors). See core/checkpoint/checkpoint_dir.h.
-  std::string checkpoint_format = "sharded";
+  // save_checkpoint's format (see CheckpointFormat and
+  // core/checkpoint/checkpoint_dir.h); default sharded.
+  CheckpointFormat checkpoint_format = CheckpointFormat::kSharded;
   uint64_t seed = 0;  // torch::manual_seed on every rank in setup_environment
   ParallelizeFn parallelize_fn;  // empty: DefaultParallelize
   // Activation checkpointing, applied by parallelize() after parallelize_fn
@@ -169,22 +171,22 @@ struct FSDP2StrategyOptions {
   // and saves): prefetch depths, forward and backward (0 or more, default
   // 1), and the divisor of reduced gradients (0: the data-parallel size,
   // the mean; 1: the sum). The loss a step reports is the mean over ranks
-  // whatever the divisor. Bad values: std::invalid_argument from
-  // parallelize().
+  // whatever the divisor. Bad values: InvalidArgumentError from the
+  // constructor.
   int forward_prefetch = 1;
   int backward_prefetch = 1;  // backward's prefetch depth; default 1
   double gradient_divide_factor = 0;  // 0 (default): the data-parallel size
   // Gradient accumulation (micro-batches that backward() with
-  // sync_gradients = false): "local" keeps each unit's unsharded gradients
+  // sync_gradients = false): kLocal keeps each unit's unsharded gradients
   // and communicates nothing until the last micro-batch (fewest bytes,
-  // memory of a whole unsharded model's gradients); "sharded"
+  // memory of a whole unsharded model's gradients); kSharded
   // reduce-scatters every micro-batch inside the shard group, freeing the
   // unsharded gradients at once, and all-reduces across replicas
   // (HYBRID_SHARD's hosts, NO_SHARD's ranks) only at the last
   // (fsdp::set_requires_all_reduce): memory of one sharded gradient, one
   // reduce-scatter per micro-batch, cross-host bytes as with one
-  // micro-batch. Anything else: std::invalid_argument from the constructor.
-  std::string gradient_accumulation = "local";
+  // micro-batch. Default kLocal.
+  GradientAccumulation gradient_accumulation = GradientAccumulation::kLocal;
   // Explicit prefetch lists by module name (as the model's named_modules()
   // names them; "" is the root): {"blocks.0", {"blocks.1", "blocks.2"}}
   // makes blocks.0's forward (backward) all-gather blocks.1 and blocks.2 as
@@ -248,9 +250,11 @@ class DataLoader {
 // its life). Not copyable; one thread at a time.
 class FSDP2Strategy {
  public:
-  // Keeps `options` and checks what can be checked alone (positive sizes,
-  // shard_group_size >= 0, no cpu_offload, backend, checkpoint_format,
-  // timeout, gradient_accumulation): InvalidArgumentError. No communication.
+  // Keeps `options` and runs every option's check of the option table
+  // (option_table.h: sizes, ranges such as forward_prefetch >= 0, no
+  // cpu_offload, ...): InvalidArgumentError naming the option. What needs
+  // the world or the model is checked by setup_environment() and
+  // parallelize(). No communication.
   explicit FSDP2Strategy(FSDP2StrategyOptions options = {});
   ~FSDP2Strategy();
   FSDP2Strategy(const FSDP2Strategy&) = delete;

@@ -73,7 +73,7 @@ void FSDP2Strategy::save_checkpoint(const std::string& path, bool async) {
   const std::map<std::string, std::string> progress = {
       {"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}};
   if (async) {
-    auto write = options_.checkpoint_format == "full"
+    auto write = options_.checkpoint_format == CheckpointFormat::kFull
                      ? checkpoint::StageFullCheckpoint(path, *module_->module(), optimizer_.get(),
                                                        *world_, progress)
                      : checkpoint::StageShardedCheckpoint(path, *module_->module(),
@@ -81,7 +81,7 @@ void FSDP2Strategy::save_checkpoint(const std::string& path, bool async) {
                                                           options_.timeout);
     if (!saver_) saver_ = std::make_unique<checkpoint::BackgroundSaver>();
     saver_->start(std::move(write));
-  } else if (options_.checkpoint_format == "full") {
+  } else if (options_.checkpoint_format == CheckpointFormat::kFull) {
     checkpoint::SaveFullCheckpoint(path, *module_->module(), optimizer_.get(), *world_, progress);
   } else {
     checkpoint::SaveShardedCheckpoint(path, *module_->module(), optimizer_.get(), *world_,

@@ -14,56 +14,6 @@
 namespace fsdp2 {
 namespace strategy {
 
-void FSDP2StrategyOptions::set_reshard_after_forward(int value) {
-  if (value < -1) {
-    throw InvalidArgumentError(
-        "reshard_after_forward must be -1 (default), 0, 1 or a group size, got " +
-        std::to_string(value));
-  }
-  reshard_after_forward = c10::nullopt;
-  reshard_after_forward_size = 0;
-  if (value == 0 || value == 1) {
-    reshard_after_forward = value == 1;
-  } else if (value > 1) {
-    reshard_after_forward_size = value;
-  }
-}
-
-std::vector<std::string> SplitNames(const std::string& text, char separator) {
-  std::vector<std::string> items;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, separator);) {
-    const size_t begin = item.find_first_not_of(" \t");
-    if (begin == std::string::npos) continue;
-    items.push_back(item.substr(begin, item.find_last_not_of(" \t") - begin + 1));
-  }
-  return items;
-}
-
-std::map<std::string, std::vector<std::string>> ParsePrefetchModules(const std::string& text,
-                                                                     const char* option) {
-  std::map<std::string, std::vector<std::string>> lists;
-  std::stringstream in(text);
-  for (std::string entry; std::getline(in, entry, ';');) {
-    if (entry.find_first_not_of(" \t") == std::string::npos) continue;
-    const size_t colon = entry.find(':');
-    if (colon == std::string::npos) {
-      throw InvalidArgumentError(std::string(option) + ": entry '" + entry +
-                                 "' has no ':' (write \"unit:listed,listed;unit:listed\")");
-    }
-    const std::vector<std::string> unit = SplitNames(entry.substr(0, colon));
-    if (unit.size() > 1) {
-      throw InvalidArgumentError(std::string(option) + ": entry '" + entry +
-                                 "' names more than one unit before its ':'");
-    }
-    const std::string name = unit.empty() ? "" : unit[0];
-    if (!lists.emplace(name, SplitNames(entry.substr(colon + 1))).second) {
-      throw InvalidArgumentError(std::string(option) + ": unit '" + name + "' is given twice");
-    }
-  }
-  return lists;
-}
-
 std::vector<at::Tensor> MatchParameters(torch::nn::Module& root,
                                         const std::vector<std::string>& patterns,
                                         const char* option) {

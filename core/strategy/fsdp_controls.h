@@ -2,9 +2,9 @@
 //
 // fully_shard's controls that FSDP2Strategy takes by name (its options
 // ignored_params, forward_prefetch_modules, backward_prefetch_modules):
-// their text forms (the C ABI's strings, the main job's flags), resolving
-// the names against the model, and the all-reduce of the ignored
-// parameters' gradients.
+// resolving the names against the model, and the all-reduce of the ignored
+// parameters' gradients. Their text forms (SplitNames, ParsePrefetchModules)
+// are the option table's, which reads them (option_table.h).
 #ifndef FSDP2_CORE_STRATEGY_FSDP_CONTROLS_H_
 #define FSDP2_CORE_STRATEGY_FSDP_CONTROLS_H_
 
@@ -16,21 +16,10 @@
 #include <vector>
 
 #include "core/comm/process_group.h"
+#include "core/strategy/option_table.h"
 
 namespace fsdp2 {
 namespace strategy {
-
-// "a, b,c" as {"a", "b", "c"}: blanks around items dropped, empty items
-// skipped.
-std::vector<std::string> SplitNames(const std::string& text, char separator = ',');
-
-// The text form of FSDP2StrategyOptions::forward_prefetch_modules (and
-// backward_): "unit:listed,listed;unit:listed" ("" before the colon: the
-// root; nothing after it: an empty list). Throws std::invalid_argument
-// naming `option` for an entry without its colon, with more than one unit
-// before it, or a unit given twice.
-std::map<std::string, std::vector<std::string>> ParsePrefetchModules(const std::string& text,
-                                                                     const char* option);
 
 // The parameters of `root` whose names match one of `patterns` (a name, or
 // a glob over names: fnmatch without flags), each tensor once, in

@@ -6,11 +6,14 @@
                                                     property without a docstring
     python_reference.py --html OUT PACKAGE_DIR      also write OUT (one page)
 
-Public: names not starting with "_" at module level, and the methods and
-properties of public classes (plus __init__ and __enter__ when a class
-defines them, since that is where a constructor's keywords are documented).
-Reading the source with `ast` keeps the reference buildable without the
-compiled extension (and so without LibTorch) on the machine that builds it.
+Public: the names of the package's __all__ (__init__.py gathers them from
+the package's modules, one per handle and concern: _strategy.py, _model.py,
+...), each found where it is defined, and the methods and properties of
+public classes (plus __init__ and __enter__ when a class defines them, since
+that is where a constructor's keywords are documented). Reading the source
+with `ast` keeps the reference buildable without the compiled extension (and
+so without LibTorch) on the machine that builds it. A name of __all__ that no
+module defines is an error too.
 """
 import argparse
 import ast
@@ -21,16 +24,48 @@ import sys
 DOCUMENTED_DUNDERS = {"__init__", "__new__"}
 
 
-def public_members(tree):
-    """(qualified name, node, signature) for every public definition, in order."""
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
-            yield node.name, node
-            if isinstance(node, ast.ClassDef):
-                for sub in node.body:
-                    if isinstance(sub, ast.FunctionDef) and (
-                            not sub.name.startswith("_") or sub.name in DOCUMENTED_DUNDERS):
-                        yield f"{node.name}.{sub.name}", sub
+def exported_names(init_tree):
+    """The strings of __init__.py's __all__, in order."""
+    for node in init_tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return [ast.literal_eval(e) for e in node.value.elts]
+    return []
+
+
+def definitions(package):
+    """{name: (path, node)} of every top-level definition and assignment in
+    the package's modules."""
+    found = {}
+    for name in sorted(os.listdir(package)):
+        if not name.endswith(".py"):
+            continue
+        path = os.path.join(package, name)
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                found[node.name] = (path, node)
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        found.setdefault(target.id, (path, node))
+    return found
+
+
+def public_members(names, found):
+    """(qualified name, path, node) for every public definition, in the
+    order of __all__."""
+    for name in names:
+        path, node = found[name]
+        if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            continue  # a constant: documented by the comment above it
+        yield name, path, node
+        if isinstance(node, ast.ClassDef):
+            for sub in node.body:
+                if isinstance(sub, ast.FunctionDef) and (
+                        not sub.name.startswith("_") or sub.name in DOCUMENTED_DUNDERS):
+                    yield f"{node.name}.{sub.name}", path, sub
 
 
 def signature(node):
@@ -57,10 +92,15 @@ def main():
     module_doc = ast.get_docstring(tree)
     if not module_doc:
         missing.append(f"{path}:1: the module has no docstring")
-    for name, node in public_members(tree):
+    names = exported_names(tree)
+    found = definitions(args.package)
+    for name in names:
+        if name not in found:
+            missing.append(f"{path}: __all__ names {name}, which no module of the package defines")
+    for name, where, node in public_members([n for n in names if n in found], found):
         doc = ast.get_docstring(node)
         if not doc:
-            missing.append(f"{path}:{node.lineno}: {name} has no docstring")
+            missing.append(f"{where}:{node.lineno}: {name} has no docstring")
             continue
         level = "h2" if "." not in name else "h3"
         sections.append(

@@ -47,19 +47,12 @@ bool SharedMemoryAgreed(::c10d::Store& store, int rank, int world) {
 
 std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options) {
   if (options.world == 1) return std::make_unique<SingleRankTransport>();
-  if (options.backend == "nccl") {
+  RequireBuilt(options.backend);
 #ifdef USE_C10D_NCCL
+  if (options.backend == Backend::kNccl) {
     return std::move(ConnectLanes(options, /*lanes=*/1).front());
-#else
-    throw InvalidArgumentError(
-        "backend 'nccl' needs a CUDA build of LibTorch; this build has only "
-        "gloo");
+  }
 #endif
-  }
-  if (options.backend != "gloo") {
-    throw InvalidArgumentError("unknown backend '" + options.backend +
-                                "' (expected gloo or nccl)");
-  }
   // Host transports, staged through host copies for device tensors (ranks
   // sharing a GPU, or a gloo group on GPUs).
   std::unique_ptr<Transport> gloo =
@@ -80,7 +73,7 @@ std::vector<std::unique_ptr<Transport>> ConnectLanes(const TransportOptions& opt
                                                      int lanes) {
   std::vector<std::unique_ptr<Transport>> transports;
 #ifdef USE_C10D_NCCL
-  if (options.world > 1 && options.backend == "nccl") {
+  if (options.world > 1 && options.backend == Backend::kNccl) {
     // CPU tensors travel through copies on the group's GPU.
     for (auto& t : NcclTransport::ConnectLanes(options.store, options.rank, options.world,
                                                options.timeout, lanes)) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/comm/internal/c10d.h"
+#include "core/comm/backend.h"
 #include "core/comm/internal/gloo_backend.h"
 #include "core/comm/internal/transport.h"
 
@@ -41,7 +42,7 @@ struct TransportOptions {
   c10::intrusive_ptr<::c10d::Store> store;
   int rank = 0;   // this rank within the group
   int world = 1;  // ranks in the group
-  std::string backend = "gloo";  // "gloo" or "nccl"
+  Backend backend = Backend::kGloo;
   // Where Gloo's communicators connect; required for backend "gloo".
   std::shared_ptr<GlooDevice> gloo_device;
   // Every collective of the transport fails after this long.
@@ -50,7 +51,7 @@ struct TransportOptions {
 
 // Collective over the group's ranks: each calls it with its own rank and
 // otherwise the same options. Throws if a communicator cannot be created
-// or the backend is unknown to this build.
+// or this build lacks the backend (RequireBuilt).
 std::unique_ptr<Transport> ConnectTransport(const TransportOptions& options);
 
 // The transports of a group's `lanes` lanes, lane k's connected through

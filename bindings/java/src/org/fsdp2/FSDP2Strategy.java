@@ -9,7 +9,6 @@ import org.fsdp2.internal.fsdp2_memory_stats_t;
 import org.fsdp2.internal.fsdp2_optimizer_options_t;
 import org.fsdp2.internal.fsdp2_step_options_t;
 import org.fsdp2.internal.fsdp2_step_result_t;
-import org.fsdp2.internal.fsdp2_strategy_options_t;
 import org.fsdp2.internal.fsdp2_token_loader_options_t;
 
 /**
@@ -32,7 +31,12 @@ import org.fsdp2.internal.fsdp2_token_loader_options_t;
  * one thread at a time.
  */
 public final class FSDP2Strategy extends Handle {
-  /** Options by their C names (see fsdp2_strategy_options_t); unknown ones fail in build(). */
+  /**
+   * Options by their C names (the library's option table: see
+   * fsdp2_options_schema in fsdp2.h; unknown ones fail in build()). Each
+   * option has a typed setter named as the option in camelCase; options not
+   * set keep the library's defaults (the builder holds none of its own).
+   */
   public static final class Builder {
     private final Map<String, Object> options = new LinkedHashMap<>();
 
@@ -102,8 +106,17 @@ public final class FSDP2Strategy extends Handle {
      * least memory; each further unit holds one more unit's parameters).
      */
     public Builder prefetch(int forward, int backward) {
-      set("forward_prefetch", forward);
-      return set("backward_prefetch", backward);
+      return forwardPrefetch(forward).backwardPrefetch(backward);
+    }
+
+    /** How many units ahead forward all-gathers (see prefetch). */
+    public Builder forwardPrefetch(int units) {
+      return set("forward_prefetch", units);
+    }
+
+    /** How many units ahead backward all-gathers (see prefetch). */
+    public Builder backwardPrefetch(int units) {
+      return set("backward_prefetch", units);
     }
 
     /**
@@ -127,7 +140,19 @@ public final class FSDP2Strategy extends Handle {
      * process); false, as in PyTorch: each rank keeps its own.
      */
     public Builder ignoredParams(boolean allReduce, String... patterns) {
-      set("ignored_params", java.util.Arrays.asList(patterns));
+      return ignoredParams(patterns).ignoredParamsAllReduce(allReduce);
+    }
+
+    /** Parameters kept out of sharding (see ignoredParams(boolean, String...)). */
+    public Builder ignoredParams(String... patterns) {
+      return set("ignored_params", java.util.Arrays.asList(patterns));
+    }
+
+    /**
+     * Whether backward all-reduces the ignored parameters' gradients (training
+     * equals one process); false, as in PyTorch: each rank keeps its own.
+     */
+    public Builder ignoredParamsAllReduce(boolean allReduce) {
       return set("ignored_params_all_reduce", allReduce);
     }
 
@@ -213,14 +238,15 @@ public final class FSDP2Strategy extends Handle {
       return this;
     }
 
+    /** The options set so far, as the JSON build() sends. */
+    String toJson() {
+      return Native.jsonObject(options);
+    }
+
     public FSDP2Strategy build() {
       Native.init();
       long[] out = new long[1];
-      try (fsdp2_strategy_options_t o = new fsdp2_strategy_options_t()) {
-        Fsdp2Native.fsdp2_strategy_options_init(o);
-        Fsdp2Native.fsdp2_strategy_options_from_json(Native.jsonObject(options), o);
-        Fsdp2Native.fsdp2_strategy_create(o, out);
-      }
+      Fsdp2Native.fsdp2_strategy_create_from_json(toJson(), out);
       return new FSDP2Strategy(out[0]);
     }
   }
@@ -311,27 +337,37 @@ public final class FSDP2Strategy extends Handle {
     Fsdp2Native.fsdp2_strategy_parallelize(handle());
   }
 
-  /** Collective: one optimizer step on this rank's rows. */
+  /** Collective: one optimizer step on this rank's rows, with the library's step options. */
   public StepResult trainingStep(long batchIdx, Tensor... batch) {
-    return trainingStep(batchIdx, 1, 0.0, batch);
+    return trainingStep(batchIdx, new LinkedHashMap<>(), batch);
   }
 
   /** With gradient accumulation over equal micro-batches and global-norm clipping (0: off). */
   public StepResult trainingStep(long batchIdx, int accumulateGradBatches, double gradientClipVal,
       Tensor... batch) {
-    try (fsdp2_step_options_t options = stepOptions(accumulateGradBatches, gradientClipVal);
+    Map<String, Object> options = new LinkedHashMap<>();
+    options.put("accumulate_grad_batches", accumulateGradBatches);
+    options.put("gradient_clip_val", gradientClipVal);
+    return trainingStep(batchIdx, options, batch);
+  }
+
+  /**
+   * With step options by their C names (fsdp2_step_options_t; the library's
+   * table: fsdp2_options_schema); those not given keep the library's defaults.
+   */
+  public StepResult trainingStep(long batchIdx, Map<String, Object> stepOptions,
+      Tensor... batch) {
+    try (fsdp2_step_options_t options = stepOptions(stepOptions);
         fsdp2_step_result_t result = new fsdp2_step_result_t()) {
       Fsdp2Native.fsdp2_strategy_training_step(handle(), batch, batchIdx, options, result);
       return new StepResult(result.getLoss(), result.getGrad_norm(), result.getStep());
     }
   }
 
-  private static fsdp2_step_options_t stepOptions(int accumulateGradBatches,
-      double gradientClipVal) {
+  private static fsdp2_step_options_t stepOptions(Map<String, Object> given) {
     fsdp2_step_options_t options = new fsdp2_step_options_t();
     Fsdp2Native.fsdp2_step_options_init(options);
-    options.setAccumulate_grad_batches(accumulateGradBatches);
-    options.setGradient_clip_val(gradientClipVal);
+    Fsdp2Native.fsdp2_step_options_from_json(Native.jsonObject(given), options);
     return options;
   }
 
@@ -374,7 +410,9 @@ public final class FSDP2Strategy extends Handle {
   }
 
   public StepResult trainingStep(TokenDataLoader loader, long batchIdx, double gradientClipVal) {
-    try (fsdp2_step_options_t options = stepOptions(1, gradientClipVal);
+    Map<String, Object> given = new LinkedHashMap<>();
+    given.put("gradient_clip_val", gradientClipVal);
+    try (fsdp2_step_options_t options = stepOptions(given);
         fsdp2_step_result_t result = new fsdp2_step_result_t()) {
       Fsdp2Native.fsdp2_strategy_training_step_loader(handle(), loader.nativeHandle(), batchIdx,
           options, result);
