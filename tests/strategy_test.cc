@@ -891,8 +891,8 @@ TEST(FSDP2Strategy, BadOptionsSayWhatToChange) {
   o.data_parallel_size = strategy::ParallelSize::Of(-1);
   expect_invalid(o, "must be \"auto\" or positive", false);
   o = Options();
-  o.cpu_offload = true;
-  expect_invalid(o, "not supported on this device", false);
+  o.gpu_memory_limit_gib = -1;
+  expect_invalid(o, "gpu_memory_limit_gib must be 0", false);
   o = Options();
   o.backend = "mpi";
   expect_invalid(o, "gloo or nccl", false);
