@@ -992,8 +992,8 @@ TEST(FSDP2Strategy, BadOptionsSayWhatToChange) {
   o.data_parallel_size = strategy::ParallelSize::Of(-1);
   expect_invalid(o, "must be \"auto\" or a positive integer", false);
   o = Options();
-  o.cpu_offload = true;
-  expect_invalid(o, "not supported on this device", false);
+  o.gpu_memory_limit_gib = -1;
+  expect_invalid(o, "gpu_memory_limit_gib", false);
   // A backend is a comm::Backend: its name is parsed where it comes in.
   EXPECT_THROW(comm::ParseBackend("mpi"), std::invalid_argument);
   o = Options();  // this test process is a world of 1

@@ -26,6 +26,12 @@
 #     AdamW fused and foreach;
 #     MixedPrecisionPolicy bf16/fp32, fp32 logits), and fsdp2's ratios to them;
 #     fsdp2 with activation checkpointing too;
+#   - CPU offload, bf16, N = 1, GPT-2 medium (24 x 1024, 16 heads), 8 x 1024
+#     tokens: fsdp2 with and without --cpu-offload (with the main job's
+#     clipping and without it) and PyTorch's FSDP2 with and without
+#     CPUOffloadPolicy(pin_memory=True), tokens/s and peak GPU memory, and
+#     GPT-2 XL (48 x 1600, 25 heads) under --gpu-memory-limit 16: 10 steps
+#     with --cpu-offload, the out-of-memory error without it.
 #   - a verdict: every test PASSED, the fp32 target met and every run
 #     measured, or what was not.
 # Its exit status is the verdict's, dry run included: 0 only if everything
@@ -77,7 +83,8 @@ run() {
   local log="$out/gpu_check.log"
   : >"$log"
   # Nothing of an earlier run may stand in for a step of this one.
-  rm -rf "$out/fsdp2_fp32" "$out/fsdp2_bf16" "$out/fsdp2_bf16_ac"
+  rm -rf "$out/fsdp2_fp32" "$out/fsdp2_bf16" "$out/fsdp2_bf16_ac" "$out"/offload_* "$out"/xl_* \
+    "$out"/torch_offload*.json "$out/init_medium.safetensors"
   rm -f "$out"/{versions.txt,tests.txt,table.md,init.safetensors,eager_fp32.json} \
     "$out"/*_bf16.json "$out"/*_test.log "$out"/fsdp2_*.log
   local py="${FSDP2_GPU_PYTHON:-/opt/torch/.venv/bin/python3}"
@@ -155,8 +162,55 @@ run() {
       --steps "$steps" --warmup "$warmup" --json "$out/${run%%:*}_${run##*:}_bf16.json" >>"$log" 2>&1
   done
 
+  # CPU offload (issue #45): GPT-2 medium, with and without offload, fsdp2
+  # and PyTorch's FSDP2 (CPUOffloadPolicy), every host thread for the host
+  # optimizers; fsdp2 with the shipped clipping (1.0) and without it (the
+  # steps then overlap the backward). Then GPT-2 XL under a 16 GiB cap: with
+  # offload it trains, without it ends with the out-of-memory error.
+  step "cpu offload"
+  local medium=(--n-layer 24 --n-embd 1024 --n-head 16 --block-size 1024 --vocab-size 50304)
+  local xl=(--n-layer 48 --n-embd 1600 --n-head 25 --block-size 1024 --vocab-size 50304)
+  local off_batch=8 off_warmup=3 off_steps=10 xl_batch=4 xl_steps=10 cap=16
+  if [[ $dry == 1 ]]; then
+    medium=(--n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --vocab-size 256)
+    xl=(--n-layer 3 --n-embd 64 --n-head 2 --block-size 32 --vocab-size 256)
+    off_batch=4 off_warmup=1 off_steps=2 xl_batch=2 xl_steps=2
+  fi
+  local threads
+  threads="$(nproc)"
+  "$py" "$ref" init "${medium[@]}" --seed 1337 --out "$out/init_medium.safetensors" >>"$log" 2>&1
+  local otrain=(timeout 300 "$BUNDLE/bin/train" --nproc 1 --threads "$threads" --device "$device"
+                --data synthetic "${medium[@]}" --batch-size "$off_batch" --lr 3e-4
+                --val-every 1000000 --progress-bar 0 --seed 1337
+                --init-from "$out/init_medium.safetensors" --mixed-precision bf16
+                --steps $((off_warmup + off_steps)))
+  FSDP2_BACKEND=nccl "${otrain[@]}" --out-dir "$out/offload_none" >"$out/offload_none.log" 2>&1
+  FSDP2_BACKEND=nccl "${otrain[@]}" --cpu-offload --out-dir "$out/offload_clip" \
+    >"$out/offload_clip.log" 2>&1
+  FSDP2_BACKEND=nccl "${otrain[@]}" --cpu-offload --clip 0 --out-dir "$out/offload_noclip" \
+    >"$out/offload_noclip.log" 2>&1
+  cat "$out"/offload_*.log >>"$log"
+  local o
+  for o in "" --offload; do
+    OMP_NUM_THREADS="$threads" "$py" "$ref" train --mode fsdp2 --adamw fused --precision bf16 \
+      "${medium[@]}" $o --seed 1337 --device "$device" --init "$out/init_medium.safetensors" \
+      --batch-size "$off_batch" --steps "$off_steps" --warmup "$off_warmup" \
+      --json "$out/torch_offload${o:+_on}.json" >>"$log" 2>&1
+  done
+  local xtrain=(timeout 400 "$BUNDLE/bin/train" --nproc 1 --threads "$threads" --device "$device"
+                --data synthetic "${xl[@]}" --batch-size "$xl_batch" --lr 3e-4 --val-every 1000000
+                --progress-bar 0 --seed 1337 --mixed-precision bf16 --activation-checkpointing 1
+                --gpu-memory-limit "$cap" --steps "$xl_steps")
+  FSDP2_BACKEND=nccl "${xtrain[@]}" --cpu-offload --out-dir "$out/xl_offload" \
+    >"$out/xl_offload.log" 2>&1
+  echo "exit $?" >>"$out/xl_offload.log"
+  FSDP2_BACKEND=nccl "${xtrain[@]}" --out-dir "$out/xl_none" >"$out/xl_none.log" 2>&1
+  echo "exit $?" >>"$out/xl_none.log"
+  cat "$out"/xl_*.log >>"$log"
+
   # The table ends with the verdict; table.py's exit status is the verdict's.
   "$py" "$HERE/table.py" --out "$out" --warmup "$warmup" --batch-size "$batch" \
+    --offload-steps "$xl_steps" $([[ $dry == 1 ]] && echo --dry-run) \
     --block-size "$(printf '%s\n' "${sizes[@]}" | sed -n '/--block-size/{n;p}')" >"$out/table.md"
   local verdict=$?
   cat "$out/table.md"

@@ -43,24 +43,32 @@ else:
     steps = int(value("--steps"))
     offset = float(os.environ.get("FAKE_EAGER_OFFSET", "0"))
     json.dump({"losses": [2.0 - 0.01 * i + offset for i in range(steps)],
-               "median_step_s": 0.1, "params": 124_000_000,
+               "median_step_s": 0.1, "tokens_per_s": 81920, "params": 124_000_000,
                "peak_allocated_bytes": 2 << 30}, open(value("--json"), "w"))
 PY
 
 # fsdp2's main job: metrics.jsonl in --out-dir, the peak line on stdout.
-# FAKE_TRAIN_FAILS=bf16 fails the bf16 runs.
+# FAKE_TRAIN_FAILS=bf16 fails the bf16 runs. Under --gpu-memory-limit
+# without --cpu-offload (the XL row) it runs out of memory, as on a GPU,
+# unless FAKE_XL_FITS=1; FAKE_OFFLOAD_FAILS=1 fails every --cpu-offload run.
 cat >"$root/gpu_bundle/bin/train" <<'SH'
 #!/usr/bin/env bash
-steps=0 out= precision=
+steps=0 out= precision= cap= offload=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps=$2; shift ;;
     --out-dir) out=$2; shift ;;
     --mixed-precision) precision=$2; shift ;;
+    --gpu-memory-limit) cap=$2; shift ;;
+    --cpu-offload) offload=1 ;;
   esac
   shift
 done
 [[ "${FAKE_TRAIN_FAILS:-}" == "$precision" ]] && { echo "fake train: failed"; exit 1; }
+[[ "${FAKE_OFFLOAD_FAILS:-}" == 1 && $offload == 1 ]] && { echo "fake train: failed"; exit 1; }
+if [[ -n $cap && $offload == 0 && "${FAKE_XL_FITS:-}" != 1 ]]; then
+  echo "train: out of memory: CUDA out of memory. Tried to allocate 1.00 GiB"; exit 1
+fi
 mkdir -p "$out"
 for ((i = 0; i < steps; ++i)); do
   echo "{\"loss\": $(awk "BEGIN {print 2.0 - 0.01 * $i}"), \"step_ms\": 100}"
@@ -130,10 +138,14 @@ expect 1 "gpu_test SKIPPED (1 cases skipped)" -- FAKE_GPU_TEST=skipcase
 expect 1 "fp32 losses: the target (1e-4) NOT met" -- FAKE_EAGER_OFFSET=0.01
 expect 1 "bf16 run failed: fsdp2" "bf16 run failed: fsdp2, activation checkpointing" -- FAKE_TRAIN_FAILS=bf16
 expect 1 "fp32 losses: fsdp2 missing" -- FAKE_TRAIN_FAILS=fp32
+expect 1 "offload run failed: fsdp2, cpu offload (clip 1.0)" "GPT-2 XL under the cap: wanted trains" -- FAKE_OFFLOAD_FAILS=1
+expect 1 "GPT-2 XL under the cap: wanted out of memory" -- FAKE_XL_FITS=1
 # The dry run: GPU-only cases may be skipped there, nothing else.
 expect 0 "Verdict: passed" "1 cases need a GPU: not run in a dry run" -- FAKE_NCCL_TRANSPORT_TEST=skipcase --dry-run
 expect 1 "gpu_test SKIPPED" -- FAKE_GPU_TEST=skip --dry-run
 expect 1 "nccl_transport_test FAILED" -- FAKE_NCCL_TRANSPORT_TEST=fail --dry-run
 expect 1 "fp32 losses: the target (1e-4) NOT met" -- FAKE_EAGER_OFFSET=0.01 --dry-run
+# On the CPU nothing runs out of GPU memory: the XL rows state no verdict.
+expect 0 "Verdict: passed" "dry run: out of memory" -- FAKE_XL_FITS=1 --dry-run
 [[ $fail == 0 ]] && echo "gpu_check_status_test: passed"
 exit $fail

@@ -51,6 +51,8 @@ def main():
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--block-size", type=int, required=True)
+    p.add_argument("--offload-steps", type=int, default=10, help="the GPT-2 XL row's steps")
+    p.add_argument("--dry-run", action="store_true", help="a run on the CPU: no verdicts")
     a = p.parse_args()
     tokens = a.batch_size * a.block_size
     versions = read(os.path.join(a.out, "versions.txt")).strip()
@@ -130,6 +132,9 @@ def main():
         lines += ["", "bf16 losses, first steps (fsdp2 / eager PyTorch under autocast): "
                   + ", ".join(f"{x:.4f} / {y:.4f}"
                               for x, y in zip(runs[0][1]["losses"][:3], runs[1][1]["losses"][:3]))]
+    offload, offload_problems = offload_lines(a.out, a.offload_steps, a.dry_run)
+    lines += offload
+    problems += offload_problems
     lines += ["", f"MFU peak: {peak[1] or 'unknown card: not stated'}"]
     if problems:
         lines += ["", "**Verdict: NOT passed**:", ""] + [f"- {p}" for p in problems]
@@ -137,6 +142,57 @@ def main():
         lines += ["", "**Verdict: passed** (every test, the fp32 target, every run)"]
     print("\n".join(lines))
     return 1 if problems else 0
+
+
+def offload_lines(out, xl_steps, dry_run):
+    """CPU offload: GPT-2 medium with and without offload, fsdp2 against
+    PyTorch's FSDP2 (CPUOffloadPolicy), and GPT-2 XL under a memory cap
+    (`xl_steps` steps wanted). A dry run (the CPU) states no verdicts: its
+    speeds say nothing of a GPU's, and nothing runs out of GPU memory.
+    Returns the lines and the problems for the verdict: a run that failed,
+    and (on a GPU) an XL row not as wanted. The speed targets are stated,
+    as the bf16 rows' ratios are, and do not decide the verdict."""
+    problems = []
+    warmup = 3
+    runs = [("fsdp2, no offload", fsdp2_run(out, "offload_none", warmup)),
+            ("fsdp2, cpu offload (clip 1.0)", fsdp2_run(out, "offload_clip", warmup)),
+            ("fsdp2, cpu offload (no clipping)", fsdp2_run(out, "offload_noclip", warmup)),
+            ("PyTorch FSDP2, no offload", load_json(os.path.join(out, "torch_offload.json"))),
+            ("PyTorch FSDP2 + CPUOffloadPolicy", load_json(os.path.join(out, "torch_offload_on.json")))]
+    tokens = next((r["tokens_per_s"] * r["median_step_s"] for _, r in runs[3:] if r), None)
+    lines = ["", "CPU offload, bf16, N = 1, GPT-2 medium"
+             + (f", {tokens:,.0f} tokens a step" if tokens else "") + ":", "",
+             "| run | step (median) | tokens/s | peak GPU memory (allocated) |", "|---|---|---|---|"]
+    for label, r in runs:
+        if not r or not tokens:
+            lines.append(f"| {label} | failed | | |")
+            problems.append(f"offload run failed: {label}")
+            continue
+        mem = r.get("peak_allocated_bytes")
+        lines.append(f"| {label} | {r['median_step_s'] * 1e3:.1f} ms | "
+                     f"{tokens / r['median_step_s']:,.0f} | "
+                     + (f"{mem / 2**30:.2f} GiB |" if mem else "n/a |"))
+    byname = dict(runs)
+    mine = byname["fsdp2, cpu offload (clip 1.0)"]
+    for label, target in (("PyTorch FSDP2 + CPUOffloadPolicy", 4.0), ("fsdp2, no offload", 0.6)):
+        other = byname[label]
+        if mine and other:
+            ratio = other["median_step_s"] / mine["median_step_s"]
+            verdict = ("dry run" if dry_run else "met" if ratio >= target else "below")
+            lines.append(f"| fsdp2 offload / {label} | | **{ratio:.2f}x** "
+                         f"({verdict}: {target}x) | |")
+    for name, want in (("xl_offload", "trains"), ("xl_none", "out of memory")):
+        log = read(os.path.join(out, name + ".log"))
+        steps = len(read(os.path.join(out, name, "metrics.jsonl")).splitlines())
+        oom = "out of memory" in log.lower()
+        got = f"{steps} steps" + (", out of memory" if oom else "")
+        ok = (steps >= xl_steps and not oom) if want == "trains" else (oom and steps == 0)
+        verdict = "dry run" if dry_run else "met" if ok else "NOT met"
+        if verdict == "NOT met":
+            problems.append(f"GPT-2 XL under the cap: wanted {want}, got {got}")
+        lines.append(f"| GPT-2 XL, --gpu-memory-limit 16{', --cpu-offload' if name == 'xl_offload' else ''} "
+                     f"| {got} | {verdict}: {want} | |")
+    return lines, problems
 
 
 if __name__ == "__main__":

@@ -21,6 +21,12 @@ generator seeded with seed * 1000003 + epoch). The step is the main job's:
 the mean cross-entropy of fp32 logits, clipping to 1.0, AdamW (betas 0.9,
 0.95, eps 1e-8, weight decay 0.1), the loss read back every step.
 
+--offload (with --mode fsdp2): PyTorch's CPU offload, fully_shard's
+offload_policy=CPUOffloadPolicy(pin_memory=True) on every unit: shards,
+gradients and AdamW's state in pinned host memory, AdamW (fused, its CPU
+kernel) stepping on the host after the backward, with all the host's
+threads unless OMP_NUM_THREADS says otherwise.
+
 --precision bf16: eager PyTorch under torch.autocast(bfloat16); FSDP2 with
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on the blocks and
 output_dtype=fp32 on the root, as fsdp2's default policy. --mode fsdp2 runs
@@ -129,7 +135,7 @@ def cmd_train(a):
     if a.mode == "fsdp2":
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
@@ -143,12 +149,15 @@ def cmd_train(a):
             root_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                reduce_dtype=torch.float32,
                                                output_dtype=torch.float32)
+        offload = {"offload_policy": CPUOffloadPolicy(pin_memory=True)} if a.offload else {}
         for block in model.blocks:
-            fully_shard(block, mesh=mesh, mp_policy=block_policy)
-        fully_shard(model, mesh=mesh, mp_policy=root_policy)
+            fully_shard(block, mesh=mesh, mp_policy=block_policy, **offload)
+        fully_shard(model, mesh=mesh, mp_policy=root_policy, **offload)
     # AdamW's implementation: "fused" (one kernel, on a GPU) or "foreach"
     # (PyTorch's default on a GPU).
-    impl = {"fused": True} if a.adamw == "fused" and device.type == "cuda" else {"foreach": True}
+    # With offload the parameters are on the host: fused is AdamW's CPU kernel.
+    impl = ({"fused": True} if a.adamw == "fused" and (device.type == "cuda" or a.offload)
+            else {"foreach": True})
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1, **impl)
     data = batches(a, a.warmup + a.steps, a.batch_size)
@@ -163,7 +172,8 @@ def cmd_train(a):
             logits = model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if a.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())  # synchronises, as fsdp2's Trainer does
@@ -172,6 +182,7 @@ def cmd_train(a):
     median = statistics.median(timed)
     result = {
         "mode": a.mode, "precision": a.precision, "device": str(device), "adamw": a.adamw,
+        "offload": bool(a.offload), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "losses": losses, "median_step_s": median,
         "tokens_per_s": a.batch_size * a.block_size / median,
         "params": sum(p.numel() for p in model.parameters()),
@@ -202,6 +213,9 @@ def main():
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--device", default="auto")
     t.add_argument("--adamw", choices=["fused", "foreach"], default="fused")
+    t.add_argument("--offload", action="store_true",
+                   help="--mode fsdp2 with CPUOffloadPolicy(pin_memory=True)")
+    t.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: off)")
     t.add_argument("--json", required=True)
     a = p.parse_args()
     (cmd_init if a.cmd == "init" else cmd_train)(a)

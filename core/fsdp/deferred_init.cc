@@ -18,6 +18,7 @@
 #include "core/fsdp/internal/deferred_log.h"
 #include "core/fsdp/internal/fsdp_param.h"
 #include "core/fsdp/internal/fsdp_unit.h"
+#include "core/fsdp/internal/host_offload.h"
 #include "core/fsdp/internal/unit_registry.h"
 
 namespace fsdp2 {
@@ -203,9 +204,18 @@ void WriteTarget(const Target& target, const at::Tensor& full,
   const at::Device to = device.value_or(full.device());
   if (target.param != nullptr) {
     const at::Tensor rows = target.param->local_rows_of(full);
-    at::Tensor shard = rows.to(to, rows.scalar_type(), /*non_blocking=*/false,
-                               /*copy=*/true, at::MemoryFormat::Contiguous)
-                           .view(target.tensor.sizes());
+    // The shard's own place: `to`, or host memory with CPU offload (never
+    // the device, then).
+    at::Tensor shard;
+    const at::TensorOptions where = target.param->shard_options(to).dtype(rows.scalar_type());
+    if (where.device().is_cpu()) {
+      shard = internal::EmptyHost(target.tensor.sizes(), where);
+      shard.view(rows.sizes()).copy_(rows);
+    } else {
+      shard = rows.to(to, rows.scalar_type(), /*non_blocking=*/false,
+                      /*copy=*/true, at::MemoryFormat::Contiguous)
+                  .view(target.tensor.sizes());
+    }
     assign_data(target.tensor, shard);
   } else if (to != full.device()) {
     assign_data(target.tensor, full.to(to, full.scalar_type(), /*non_blocking=*/false,

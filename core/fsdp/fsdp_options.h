@@ -36,6 +36,30 @@ const char* ToString(ShardingStrategy s);
 // or '_'). Throws std::invalid_argument naming the accepted values.
 ShardingStrategy ParseShardingStrategy(const std::string& name);
 
+// CPU offload (PyTorch: CPUOffloadPolicy). With `cpu_offload`, a unit's
+// sharded parameters (the optimizer's leaves), their gradients and so the
+// optimizer's state live in host memory, and the device holds only what is
+// in flight: the unsharded parameters of the units being computed, the
+// activations and the reduction buffers.
+//  - Unsharding copies the shards host to device (on a copy stream, ahead
+//    of the all-gather, as deep as the all-gathers are prefetched) and
+//    casts them to param_dtype there.
+//  - A unit's reduced gradients are copied device to host (on the copy
+//    stream) and handed over as one HostGradients (core/fsdp/offload.h):
+//    to the sink set_host_gradient_sink() installed (FSDP2Strategy's host
+//    optimizer, which steps the unit while backward goes on), or, with no
+//    sink, added to the shards' .grad before the hook returns.
+// On the CPU the CPU stands in for the device: the shards are copied to
+// their own buffers and the gradients to host tensors of their own, every
+// step of the path runs, and training is bit-identical to no offload.
+struct OffloadPolicy {
+  bool cpu_offload = false;  // default off
+  // Host buffers in page-locked memory, so copies run asynchronously with
+  // the device's work (PyTorch's pin_memory); where pinning fails, pageable
+  // memory. Ignored on the CPU; default true.
+  bool pin_memory = true;
+};
+
 // How fully_shard() shards one module (a unit); each field's default below.
 struct FSDPOptions {
   // The ranks to shard over. kFullShard/kShardGradOp shard over a 1-D mesh's
@@ -90,6 +114,9 @@ struct FSDPOptions {
   // serve every unit). Mixed precision does not cast them: a module that
   // combines them with param_dtype activations must accept the mix.
   std::vector<at::Tensor> ignored_params;
+  // Where the unit's shards, gradients and optimizer state live (see
+  // OffloadPolicy); default: with the parameters, no offload.
+  OffloadPolicy offload_policy;
 };
 
 }  // namespace fsdp

@@ -122,6 +122,10 @@ void set_gradient_divide_factor(torch::nn::Module& root, double factor) {
   }
 }
 
+void set_host_gradient_sink(torch::nn::Module& root, HostGradientSink sink) {
+  for (FSDPUnit* unit : UnitsUnder(root)) unit->param_group().set_host_gradient_sink(sink);
+}
+
 namespace {
 
 FSDPUnit& UnitOrThrow(const torch::nn::Module& module, const char* what) {

@@ -72,6 +72,7 @@
 #include "core/fsdp/clip_grad.h"
 #include "core/fsdp/fsdp_options.h"
 #include "core/fsdp/mixed_precision.h"
+#include "core/fsdp/offload.h"
 #include "core/fsdp/state_dict.h"
 #include "core/fsdp/stats.h"
 
@@ -126,6 +127,12 @@ void set_requires_all_reduce(torch::nn::Module& root, bool all_reduce);
 // Sets FSDPOptions::gradient_divide_factor for every sharded module under
 // `root` (1: sum). Throws std::invalid_argument unless `factor` > 0.
 void set_gradient_divide_factor(torch::nn::Module& root, double factor);
+
+// CPU offload (OffloadPolicy): hands each unit's reduced gradients under
+// `root`, copied to host memory, to `sink` (core/fsdp/offload.h) instead of
+// adding them to the shards' .grad before the reduction returns; null
+// restores that. Units without offload ignore it.
+void set_host_gradient_sink(torch::nn::Module& root, HostGradientSink sink);
 
 // An all-gather started by unshard(module, /*async_op=*/true).
 class UnshardHandle {

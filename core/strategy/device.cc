@@ -9,6 +9,10 @@
 
 #include "core/common/error.h"
 #include "core/fsdp/assign_data.h"
+
+#ifdef FSDP2_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 #include "core/launch/local_launcher.h"
 
 namespace fsdp2 {
@@ -75,6 +79,28 @@ at::Device ResolveDevice(const DeviceSpec& device, int local_rank) {
                                 std::to_string(gpus) + " GPU(s)");
   }
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+void LimitDeviceMemory(const c10::Device& device, double gib, int rank) {
+  if (!device.is_cuda()) {
+    if (rank == 0) {
+      std::cerr << "fsdp2: gpu_memory_limit_gib " << gib
+                << " ignored: this rank trains on the CPU\n";
+    }
+    return;
+  }
+#ifdef FSDP2_WITH_CUDA
+  const double total = static_cast<double>(
+      at::getDeviceAllocator(device.type())->getMemoryInfo(device.index()).second);
+  const double want = gib * static_cast<double>(int64_t{1} << 30);
+  if (want > total) {
+    throw InvalidArgumentError("FSDP2Strategy: gpu_memory_limit_gib " + std::to_string(gib) +
+                               " is more than " + device.str() + " has (" +
+                               std::to_string(total / static_cast<double>(int64_t{1} << 30)) +
+                               " GiB)");
+  }
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(want / total, device.index());
+#endif
 }
 
 LowPrecisionSpeed LowPrecisionSpeedOn(at::ScalarType dtype,

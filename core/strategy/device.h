@@ -58,6 +58,14 @@ c10::Device ResolveDevice(const DeviceSpec& device, int local_rank);
 // ResolveDevice(DeviceSpec::Parse(device), local_rank): for a name.
 c10::Device ResolveDevice(const std::string& device, int local_rank);
 
+// FSDP2StrategyOptions::gpu_memory_limit_gib: caps the caching allocator of
+// `device` (a GPU) at `gib` GiB for this process, as PyTorch's
+// set_per_process_memory_fraction does, so that a smaller GPU is emulated:
+// an allocation past the cap fails with LibTorch's out-of-memory error. On
+// the CPU it changes nothing; rank `rank` 0 says so on stderr. Throws
+// InvalidArgumentError when `gib` is more than the GPU has.
+void LimitDeviceMemory(const c10::Device& device, double gib, int rank);
+
 // How compute in `dtype` (bf16 or fp16) compares with fp32 on a CPU with
 // these /proc/cpuinfo flags (launch::CpuFlags(): " flag flag ... ") and
 // vendor (launch::CpuVendor()):

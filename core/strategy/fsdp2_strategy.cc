@@ -20,6 +20,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -142,7 +143,14 @@ FSDP2Strategy::FSDP2Strategy(FSDP2StrategyOptions options)
   CheckOptions(StrategyOptionTable(), options_, "FSDP2Strategy: ");
 }
 
-FSDP2Strategy::~FSDP2Strategy() = default;
+FSDP2Strategy::~FSDP2Strategy() {
+  // The module may outlive the strategy: its units must not keep handing
+  // gradients to the host optimizer about to go.
+  if (host_optimizer_ && module_ && module_->module()) {
+    host_optimizer_->drain();
+    fsdp::set_host_gradient_sink(*module_->module(), nullptr);
+  }
+}
 
 void FSDP2Strategy::require(bool setup, bool parallelized,
                             const char* what) const {
@@ -227,6 +235,9 @@ void FSDP2Strategy::setup_environment() {
   // the current device.
   device_ = ResolveDevice(options_.device, cluster_.local_rank);
   if (device_.is_cuda()) at::accelerator::setDeviceIndex(device_.index());
+  if (options_.gpu_memory_limit_gib > 0) {
+    LimitDeviceMemory(device_, options_.gpu_memory_limit_gib, cluster_.rank);
+  }
   auto world_ptr = comm::World::Init(cluster_.ToRendezvous(options_.timeout, options_.backend));
   int shard = 0;
   if (hybrid) {
@@ -286,6 +297,13 @@ void FSDP2Strategy::parallelize() {
   fsdp_options.reshard_after_forward_size = options_.reshard_after_forward_size;
   fsdp_options.mp_policy = options_.mp_policy;
   fsdp_options.forward_prefetch = options_.forward_prefetch;
+  fsdp_options.offload_policy.cpu_offload = options_.cpu_offload;
+  fsdp_options.offload_policy.pin_memory = options_.pin_memory;
+  if (options_.cpu_offload && device_.is_cpu() && world_->rank() == 0) {
+    std::cerr << "fsdp2: cpu_offload on the CPU: the state already lives in host memory; "
+                 "the offload path runs with the CPU standing in for the device and "
+                 "changes nothing\n";
+  }
   fsdp_options.backward_prefetch = options_.backward_prefetch;
   if (options_.gradient_divide_factor != 0) {
     fsdp_options.gradient_divide_factor = options_.gradient_divide_factor;
@@ -342,6 +360,13 @@ void FSDP2Strategy::parallelize() {
   if (!optimizer_) {
     throw InvalidArgumentError("FSDP2Strategy::parallelize: configure_optimizers() returned null");
   }
+  if (options_.cpu_offload) {
+    host_optimizer_ = std::make_unique<HostOptimizer>(*optimizer_, zero_grad_);
+    HostOptimizer* host = host_optimizer_.get();
+    fsdp::set_host_gradient_sink(*module_->module(), [host](auto grads) {
+      host->receive(std::move(grads));
+    });
+  }
   parameter_infos_ = std::move(infos);
   total_param_bytes_ = total_param_bytes;
   parallelized_ = true;
@@ -350,8 +375,13 @@ void FSDP2Strategy::parallelize() {
   ResetPeakDeviceMemory(device_);
 }
 
+void FSDP2Strategy::wait_for_host_optimizer() const {
+  if (host_optimizer_) host_optimizer_->drain();
+}
+
 StrategyMemoryStats FSDP2Strategy::memory_stats() const {
   require(/*setup=*/false, /*parallelized=*/true, "memory_stats");
+  wait_for_host_optimizer();
   const fsdp::MemoryStats engine = fsdp::memory_stats(*module_->module());
   StrategyMemoryStats stats;
   stats.sharded_param_bytes = engine.sharded_param_bytes;
@@ -417,20 +447,52 @@ at::Tensor FSDP2Strategy::training_step(const Batch& host_batch, int64_t batch_i
   return loss;
 }
 
-void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
+void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients,
+                             std::optional<double> max_grad_norm) {
   require(true, true, "backward");
   const bool sharded = options_.gradient_accumulation == GradientAccumulation::kSharded;
   fsdp::set_requires_gradient_sync(*module_->module(), sharded || sync_gradients);
   fsdp::set_requires_all_reduce(*module_->module(), !sharded || sync_gradients);
-  loss.backward();
-  if (sync_gradients && options_.ignored_params_all_reduce) {
-    const double f = options_.gradient_divide_factor;
-    AllReduceGradients(ignored_params_, mesh_->group("dp"), f != 0 ? f : dp_size_);
+  if (host_optimizer_) {
+    // Step each unit as its gradients land only when nothing needs them
+    // all first (clipping).
+    host_optimizer_->begin_backward(sync_gradients && max_grad_norm.has_value() &&
+                                    !(*max_grad_norm > 0));
   }
+  try {
+    loss.backward();
+    if (sync_gradients && options_.ignored_params_all_reduce) {
+      const double f = options_.gradient_divide_factor;
+      AllReduceGradients(ignored_params_, mesh_->group("dp"), f != 0 ? f : dp_size_);
+    }
+  } catch (...) {
+    if (host_optimizer_) {
+      host_optimizer_->begin_backward(false);  // step nothing more
+      host_optimizer_->drain();
+    }
+    throw;
+  }
+  if (host_optimizer_) host_optimizer_->end_backward();
 }
 
 double FSDP2Strategy::optimizer_step(double max_grad_norm) {
   require_optimizer("optimizer_step");
+  if (host_optimizer_) {
+    host_optimizer_->wait();
+    if (host_optimizer_->take_stepped()) {
+      // The backward stepped every unit on the host already (told 0).
+      if (max_grad_norm > 0) {
+        throw InvalidArgumentError(
+            "FSDP2Strategy::optimizer_step: with cpu_offload the optimizer already "
+            "stepped during backward(), which was told max_grad_norm 0, so it cannot "
+            "clip to " + std::to_string(max_grad_norm) +
+            " now; pass backward() the max_grad_norm you give optimizer_step()");
+      }
+      zero_grad_.zero_grad(*optimizer_);
+      ++global_step_;
+      return 0.0;
+    }
+  }
   zero_grad_.materialize();  // those zeroed that got no gradient since
   double norm = 0.0;
   if (max_grad_norm > 0) {
@@ -490,6 +552,7 @@ DataLoader FSDP2Strategy::process_dataloader(Batch dataset,
 
 std::string FSDP2Strategy::optimizer_state_dict() const {
   require_optimizer("optimizer_state_dict");
+  wait_for_host_optimizer();
   torch::serialize::OutputArchive archive;
   optimizer_->save(archive);
   std::ostringstream out;
@@ -507,6 +570,7 @@ void FSDP2Strategy::load_optimizer_state_dict(std::string state) {
 std::vector<std::pair<std::string, at::Tensor>>
 FSDP2Strategy::lightning_module_state_dict(bool rank0_only) {
   require(true, true, "lightning_module_state_dict");
+  wait_for_host_optimizer();
   auto state = fsdp::full_state_dict(*module_->module());
   tp::gather_tensor_parallel(*module_->module(), state);
   if (rank0_only && world_->rank() != 0) state.clear();
@@ -516,6 +580,7 @@ FSDP2Strategy::lightning_module_state_dict(bool rank0_only) {
 void FSDP2Strategy::load_model_state_dict(
     const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
   require(true, true, "load_model_state_dict");
+  wait_for_host_optimizer();
   fsdp::load_full_state_dict(*module_->module(),
                              tp::local_state_dict(*module_->module(), state), strict);
 }
@@ -542,6 +607,11 @@ at::Tensor FSDP2Strategy::reduce(const at::Tensor& tensor, bool mean) {
 
 void FSDP2Strategy::teardown() {
   wait_for_checkpoint();
+  if (host_optimizer_) {
+    host_optimizer_->drain();
+    fsdp::set_host_gradient_sink(*module_->module(), nullptr);
+    host_optimizer_.reset();
+  }
   optimizer_.reset();
   pending_optimizer_state_.reset();
 }
@@ -553,6 +623,7 @@ int FSDP2Strategy::data_parallel_rank() const {
 
 torch::optim::Optimizer& FSDP2Strategy::optimizer() {
   require_optimizer("optimizer");
+  wait_for_host_optimizer();  // the worker's until its work is done
   return *optimizer_;
 }
 

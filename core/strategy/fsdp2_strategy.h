@@ -47,6 +47,7 @@
 #include "core/strategy/option_enums.h"
 #include "core/strategy/cluster_environment.h"
 #include "core/strategy/distributed_sampler.h"
+#include "core/strategy/host_optimizer.h"
 #include "core/strategy/lazy_zero_grad.h"
 #include "core/strategy/memory_stats.h"
 #include "core/strategy/training_module.h"
@@ -138,9 +139,27 @@ struct FSDP2StrategyOptions {
   // every host must then run as many ranks, numbered consecutively
   // (RanksPerHost in cluster_environment.h).
   int shard_group_size = 0;
-  // Keep sharded state in host memory. Refused on this CPU-only build: the
-  // state already lives there.
+  // CPU offload (Lightning's "fsdp_cpu_offload", PyTorch's
+  // CPUOffloadPolicy): each rank's sharded parameters, their gradients and
+  // the optimizer's state live in host memory, and the optimizer steps there
+  // (fsdp::OffloadPolicy says what moves when; core/strategy/host_optimizer.h
+  // how the steps overlap backward). On a GPU the device then holds only
+  // the unsharded parameters of the units in flight, the activations and
+  // the reduction buffers. On the CPU it changes nothing but a note in the
+  // log: the CPU stands in for the device and training is bit-identical.
+  // Default false.
   bool cpu_offload = false;
+  // With cpu_offload: host buffers in page-locked memory, so that copies to
+  // and from the GPU run asynchronously; default true.
+  bool pin_memory = true;
+  // Caps this process's GPU memory at this many GiB (the caching
+  // allocator's per-process fraction, PyTorch's
+  // set_per_process_memory_fraction): a smaller GPU, emulated. A step that
+  // does not fit fails with LibTorch's out-of-memory error (the C ABI's
+  // FSDP2_ERROR_OUT_OF_MEMORY). 0 (default): the whole GPU. Ignored, with a
+  // note, on the CPU. Negative: InvalidArgumentError from the constructor;
+  // more than the GPU has: InvalidArgumentError from setup_environment().
+  double gpu_memory_limit_gib = 0;
   // Where this rank trains: auto (its GPU when CUDA devices are visible,
   // else the CPU), cpu, cuda (GPU local_rank modulo the visible GPUs:
   // ranks beyond the GPUs share them), or cuda:K (DeviceSpec::Cuda(K)).
@@ -251,8 +270,8 @@ class DataLoader {
 class FSDP2Strategy {
  public:
   // Keeps `options` and runs every option's check of the option table
-  // (option_table.h: sizes, ranges such as forward_prefetch >= 0, no
-  // cpu_offload, ...): InvalidArgumentError naming the option. What needs
+  // (option_table.h: sizes, ranges such as forward_prefetch >= 0 and
+  // gpu_memory_limit_gib >= 0, ...): InvalidArgumentError naming the option. What needs
   // the world or the model is checked by setup_environment() and
   // parallelize(). No communication.
   explicit FSDP2Strategy(FSDP2StrategyOptions options = {});
@@ -296,7 +315,19 @@ class FSDP2Strategy {
   // accumulate as gradient_accumulation says: locally, without
   // communication, or reduce-scattered with the all-reduce across replicas
   // left for the backward with sync on.
-  void backward(const at::Tensor& loss, bool sync_gradients = true);
+  //
+  // With cpu_offload, `max_grad_norm` is what the following
+  // optimizer_step() will be given. Told 0 (no clipping) in a backward that
+  // syncs, the optimizer steps each unit on the host as soon as its
+  // gradients arrive, while the backward of the units before it runs, and
+  // optimizer_step() then only waits for those steps. Told a positive norm,
+  // or not told, the gradients land on the host during backward and
+  // optimizer_step() clips and steps after it. optimizer_step() with a norm
+  // other than the one a stepping backward was told: InvalidArgumentError.
+  // Without cpu_offload it is ignored. (MicroBatchStep, Trainer and the
+  // front ends' training steps tell it.)
+  void backward(const at::Tensor& loss, bool sync_gradients = true,
+                std::optional<double> max_grad_norm = std::nullopt);
   // Clips gradients to a global norm over all shards and tensor-parallel
   // blocks, replicated parameters counted once (if max_grad_norm > 0), steps the
   // optimizer, zeroes gradients and counts the step. Returns the norm
@@ -479,6 +510,10 @@ class FSDP2Strategy {
   // As require(true, true, what), and the optimizer is still there (no
   // teardown() since).
   void require_optimizer(const char* what) const;
+  // With cpu_offload: waits until the host optimizer's work queued by a
+  // backward is done (its error stays for optimizer_step()), so that the
+  // shards, .grad and optimizer state can be read.
+  void wait_for_host_optimizer() const;
   // parallelize(): loads an HfModel's checkpoint into the sharded model.
   void load_hf_weights();
   at::Tensor apply_loss_reduction(StepType step, const Batch& batch,
@@ -496,6 +531,9 @@ class FSDP2Strategy {
   std::shared_ptr<TrainingModule> module_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LazyZeroGrad zero_grad_;
+  // cpu_offload: the optimizer's steps on the host (after optimizer_ and
+  // zero_grad_, which it uses: destroyed before them).
+  std::unique_ptr<HostOptimizer> host_optimizer_;
   std::unique_ptr<checkpoint::BackgroundSaver> saver_;  // background saves
   bool parallelized_ = false;
   std::vector<ParameterInfo> parameter_infos_;

@@ -22,6 +22,7 @@ namespace strategy {
 
 void FSDP2Strategy::load_model_state_dict(const std::string& safetensors_path, bool strict) {
   require(true, true, "load_model_state_dict");
+  wait_for_host_optimizer();
   if (checkpoint::IsHfCheckpoint(safetensors_path)) {
     checkpoint::LoadHfWeights(safetensors_path, *module_->module(), *world_);
     return;
@@ -48,6 +49,7 @@ void FSDP2Strategy::load_hf_weights() {
 void FSDP2Strategy::save_hf_checkpoint(const std::string& dir, int64_t max_shard_bytes,
                                        std::optional<at::ScalarType> dtype) {
   require(true, true, "save_hf_checkpoint");
+  wait_for_host_optimizer();
   const auto* hf = dynamic_cast<const HfModel*>(module_.get());
   if (hf == nullptr) {
     throw InvalidArgumentError(
@@ -69,6 +71,7 @@ void FSDP2Strategy::save_hf_checkpoint(const std::string& dir, int64_t max_shard
 
 void FSDP2Strategy::save_checkpoint(const std::string& path, bool async) {
   require_optimizer("save_checkpoint");
+  wait_for_host_optimizer();
   wait_for_checkpoint();  // at most one save in flight
   const std::map<std::string, std::string> progress = {
       {"epoch", std::to_string(epoch_)}, {"global_step", std::to_string(global_step_)}};
@@ -97,6 +100,7 @@ bool FSDP2Strategy::checkpoint_in_flight() const { return saver_ && saver_->in_f
 
 void FSDP2Strategy::load_checkpoint(const std::string& path) {
   require_optimizer("load_checkpoint");
+  wait_for_host_optimizer();
   wait_for_checkpoint();
   const auto layout = checkpoint::DetectCheckpoint(path);
   const bool sharded = layout == checkpoint::CheckpointLayout::kSharded ||

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <unordered_set>
+
 namespace fsdp2 {
 namespace strategy {
 
@@ -26,6 +28,28 @@ void LazyZeroGrad::materialize() {
     if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p, at::MemoryFormat::Contiguous);
   }
   freed_.clear();
+}
+
+void LazyZeroGrad::materialize(const std::vector<at::Tensor>& params) {
+  std::unordered_set<const c10::TensorImpl*> these;
+  for (const at::Tensor& p : params) these.insert(p.unsafeGetTensorImpl());
+  std::vector<at::Tensor> others;
+  for (at::Tensor& p : freed_) {
+    if (!these.count(p.unsafeGetTensorImpl())) {
+      others.push_back(std::move(p));
+    } else if (!p.grad().defined()) {
+      p.mutable_grad() = at::zeros_like(p, at::MemoryFormat::Contiguous);
+    }
+  }
+  freed_ = std::move(others);
+}
+
+void LazyZeroGrad::zero_grad(const std::vector<at::Tensor>& params) {
+  for (const at::Tensor& p : params) {
+    if (!p.grad().defined()) continue;
+    p.mutable_grad() = at::Tensor();
+    freed_.push_back(p);
+  }
 }
 
 size_t LazyZeroGrad::pending() const {

@@ -40,6 +40,12 @@ class LazyZeroGrad {
   // Gives a zero .grad to each parameter freed by zero_grad() that has
   // received no gradient since, and forgets them all.
   void materialize();
+
+  // The same for part of the parameters (CPU offload steps the optimizer
+  // one unit at a time): materialize() for those of `params` freed, and
+  // zero_grad() for `params` alone (after their step).
+  void materialize(const std::vector<at::Tensor>& params);
+  void zero_grad(const std::vector<at::Tensor>& params);
   // Parameters freed and not yet given a gradient or a zero one.
   size_t pending() const;
 

@@ -102,6 +102,37 @@ TEST(LazyZeroGrad, MaterializesOnlyWhatGotNoGradient) {
   EXPECT_EQ(zero.pending(), 2u);
 }
 
+// CPU offload steps one unit at a time: materialize and zero_grad over
+// parts of the parameters, each part in turn, step as over all of them.
+TEST(LazyZeroGrad, PartByPartStepsAsTheWhole) {
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSGD}) {
+    SCOPED_TRACE(ToString(kind));
+    Training whole(kind), parts(kind);
+    LazyZeroGrad zero_whole, zero_parts;
+    for (int step = 0; step < 5; ++step) {
+      whole.backward(step);
+      parts.backward(step);
+      zero_whole.materialize();
+      whole.opt->step();
+      zero_whole.zero_grad(*whole.opt);
+      for (const at::Tensor& p : {parts.b, parts.a}) {  // backward order: b first
+        zero_parts.materialize({p});
+        // The optimizer over this part alone, as HostOptimizer steps it.
+        auto& group = parts.opt->param_groups()[0];
+        std::vector<at::Tensor> all = group.params();
+        group.params() = {p};
+        parts.opt->step();
+        group.params() = all;
+        zero_parts.zero_grad({p});
+        EXPECT_FALSE(p.grad().defined());
+      }
+      zero_parts.zero_grad(*parts.opt);  // nothing left to free
+      ExpectSame(whole, parts, step);
+      EXPECT_EQ(zero_whole.pending(), zero_parts.pending()) << "step " << step;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strategy
 }  // namespace fsdp2

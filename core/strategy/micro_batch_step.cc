@@ -21,7 +21,9 @@ MicroBatchStepResult MicroBatchStep(FSDP2Strategy& strategy, int num_micro_batch
   for (int i = 0; i < k; ++i) {
     const MicroBatch micro = micro_batch(i);
     at::Tensor loss = strategy.training_step(micro.batch, micro.batch_idx);
-    strategy.backward(loss / k, /*sync_gradients=*/i == k - 1);
+    // The last backward knows the clipping to come (cpu_offload steps
+    // during it when there is none).
+    strategy.backward(loss / k, /*sync_gradients=*/i == k - 1, gradient_clip_val);
     loss_sum += loss.item<double>();
   }
   MicroBatchStepResult result;

@@ -257,18 +257,23 @@ OptionTable<Strategy> MakeStrategyTable() {
           .flag("shard-group-size").see("sharding.md")
           .field(&Strategy::shard_group_size),
       Row<Strategy>("cpu_offload", OptionType::kBool, false,
-                    "keep sharded state in host memory; refused when true: on the CPU it "
-                    "lives there already")
-          .check([](const json& v) {
-            if (v.get<bool>()) {
-              throw InvalidArgumentError(
-                  "cpu_offload is not supported on this device: this build trains on the "
-                  "CPU, where parameters, gradients and optimizer state already live in host "
-                  "memory; set cpu_offload = false");
-            }
-          })
-          .flag("cpu-offload")
+                    "keep each rank's shards, gradients and optimizer state in host memory, "
+                    "the optimizer stepping there unit by unit during backward; on the CPU it "
+                    "changes nothing")
+          .flag("cpu-offload").see("gpu.md")
           .field(&Strategy::cpu_offload),
+      Row<Strategy>("pin_memory", OptionType::kBool, true,
+                    "with cpu_offload: host buffers in page-locked memory, so that copies to and "
+                    "from the GPU run asynchronously")
+          .flag("pin-memory").see("gpu.md")
+          .field(&Strategy::pin_memory),
+      Row<Strategy>("gpu_memory_limit_gib", OptionType::kNumber, 0.0,
+                    "cap this process's GPU memory at this many GiB (PyTorch's per-process "
+                    "memory fraction), a smaller GPU emulated; 0: the whole GPU")
+          .range(0, std::numeric_limits<double>::infinity(),
+                 "0 (the whole GPU) or a positive number of GiB")
+          .flag("gpu-memory-limit").see("gpu.md")
+          .field(&Strategy::gpu_memory_limit_gib),
       Row<Strategy>("device", OptionType::kText, "auto",
                     "where each rank trains: auto (its GPU where CUDA devices are visible, "
                     "else the CPU), cpu, cuda (the local rank's GPU) or cuda:K")

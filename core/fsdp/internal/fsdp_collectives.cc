@@ -9,12 +9,14 @@ namespace fsdp {
 
 std::vector<comm::ProcessGroup::Piece> CopyInForAllGather(
     const std::vector<FSDPParam>& params, const at::Tensor& unsharded,
-    int world, int rank) {
+    int world, int rank, const std::vector<at::Tensor>* sources) {
   std::vector<comm::ProcessGroup::Piece> pieces;
   pieces.reserve(params.size());
-  for (const FSDPParam& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const FSDPParam& p = params[i];
     if (p.shard_numel() == 0) continue;
-    p.copy_shard_to(p.chunk_of(unsharded, world, rank));
+    p.copy_shard_to(p.chunk_of(unsharded, world, rank),
+                    sources != nullptr ? (*sources)[i] : at::Tensor());
     pieces.push_back({p.flat_offset(), p.shard_numel()});
   }
   return pieces;

@@ -28,10 +28,12 @@ namespace fsdp {
 // Copy-in for the all-gather: writes every parameter's shard, zero-padded,
 // into this rank's chunk of `unsharded` (world * flat elements) and returns
 // the pieces ProcessGroup::all_gather_pieces fills in from the other ranks
-// (a parameter with an empty chunk has none).
+// (a parameter with an empty chunk has none). With `sources` (CPU
+// offload: the shards' copies on the device, one per parameter), those are
+// read instead of the shards.
 std::vector<comm::ProcessGroup::Piece> CopyInForAllGather(
     const std::vector<FSDPParam>& params, const at::Tensor& unsharded,
-    int world, int rank);
+    int world, int rank, const std::vector<at::Tensor>* sources = nullptr);
 
 // Copy-in for the reduction: a rank-major buffer from the engine's pool
 // ([world, flat + params.size()] of `options`, returned flat). Row r holds

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/fsdp/assign_data.h"
+#include "core/fsdp/internal/host_offload.h"
 #include "core/fsdp/internal/module_access.h"
 
 namespace fsdp2 {
@@ -47,8 +48,18 @@ std::vector<int64_t> FSDPParam::shard_shape() const {
   return WithRows(local_rows_, global_shape_);
 }
 
-void FSDPParam::init_shard(const at::TensorOptions& compute_options) {
-  at::Tensor shard = local_rows_of(compute_.detach()).clone().view(shard_shape());
+void FSDPParam::init_shard(const at::TensorOptions& compute_options, bool host_shard,
+                           bool pin_memory) {
+  host_shard_ = host_shard;
+  pin_memory_ = pin_memory;
+  const at::Tensor rows = local_rows_of(compute_.detach());
+  at::Tensor shard;
+  if (host_shard_ && !rows.is_meta()) {
+    shard = internal::EmptyHost(shard_shape(), shard_options(rows.device()));
+    shard.view(rows.sizes()).copy_(rows);
+  } else {
+    shard = rows.clone().view(shard_shape());
+  }
   shard.set_requires_grad(requires_grad_);
   shard_ = shard;
   for (auto& slot : slots_) {
@@ -56,6 +67,13 @@ void FSDPParam::init_shard(const at::TensorOptions& compute_options) {
   }
   compute_.set_requires_grad(false);
   assign_data(compute_, at::empty({0}, compute_options));
+}
+
+at::TensorOptions FSDPParam::shard_options(const at::Device& to) const {
+  const at::TensorOptions own = compute_.options().device(to);
+  if (!host_shard_) return own;
+  // Page-locked memory serves copies to a device only.
+  return own.device(at::kCPU).pinned_memory(pin_memory_ && !to.is_cpu());
 }
 
 at::Tensor FSDPParam::local_rows_of(const at::Tensor& full) const {
@@ -68,9 +86,10 @@ at::Tensor FSDPParam::chunk_of(const at::Tensor& unsharded, int world,
                           shard_numel());
 }
 
-void FSDPParam::copy_shard_to(const at::Tensor& chunk) const {
+void FSDPParam::copy_shard_to(const at::Tensor& chunk, const at::Tensor& source) const {
   const int64_t numel = shard_numel(), local = local_numel();
-  if (local > 0) chunk.narrow(0, 0, local).copy_(shard_.detach().reshape({-1}));
+  const at::Tensor& from = source.defined() ? source : shard_;
+  if (local > 0) chunk.narrow(0, 0, local).copy_(from.detach().reshape({-1}));
   if (local < numel) chunk.narrow(0, local, numel - local).zero_();
 }
 

@@ -58,7 +58,17 @@ class FSDPParam {
   // rank's rows (requiring grad as the parameter did), registered in every
   // slot in place of the parameter, and the module's own tensor (compute())
   // is emptied to 0 elements of `compute_options` until it is unsharded.
-  void init_shard(const at::TensorOptions& compute_options);
+  // With `host_shard` (CPU offload) the shard lives in host memory, pinned
+  // when `pin_memory` and the parameter is on a device (pageable where
+  // pinning fails); a meta parameter's shard stays meta until materialised
+  // (shard_options() says where it goes then).
+  void init_shard(const at::TensorOptions& compute_options, bool host_shard = false,
+                  bool pin_memory = false);
+  // Where the shard's values live: host memory (CPU offload), else the
+  // parameter's device; `to` is the device that computes.
+  at::TensorOptions shard_options(const at::Device& to) const;
+  // Whether the shard is kept in host memory (CPU offload).
+  bool host_shard() const { return host_shard_; }
 
   // ---- views and copies (see the file comment for the layouts)
 
@@ -67,8 +77,9 @@ class FSDPParam {
   at::Tensor local_rows_of(const at::Tensor& full) const;
   // This rank's padded chunk in an unsharded buffer.
   at::Tensor chunk_of(const at::Tensor& unsharded, int world, int rank) const;
-  // Copy-in for the all-gather: the shard into `chunk`, then zero padding.
-  void copy_shard_to(const at::Tensor& chunk) const;
+  // Copy-in for the all-gather: the shard (or `source`, a copy of it on the
+  // device, with CPU offload) into `chunk`, then zero padding.
+  void copy_shard_to(const at::Tensor& chunk, const at::Tensor& source = at::Tensor()) const;
   // The full parameter as a view of an unsharded buffer.
   at::Tensor unsharded_view(const at::Tensor& unsharded, int world) const;
   // Copy-in for the reduce-scatter: a full-size gradient's rows into their
@@ -119,6 +130,8 @@ class FSDPParam {
   at::Tensor compute_;
   at::Tensor shard_;
   bool requires_grad_ = true;
+  bool host_shard_ = false;  // CPU offload: the shard lives in host memory
+  bool pin_memory_ = false;  // ... pinned where the parameter is on a device
   std::vector<int64_t> global_shape_;
   int64_t rows_ = 0;
   int64_t row_numel_ = 0;

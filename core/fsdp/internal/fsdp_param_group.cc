@@ -11,7 +11,11 @@
 
 #include "core/fsdp/internal/buffer_pool.h"
 #include "core/fsdp/internal/deferred_log.h"
+#include "core/fsdp/internal/host_offload.h"
 #include "core/fsdp/internal/storage.h"
+
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 
 namespace fsdp2 {
 namespace fsdp {
@@ -181,7 +185,10 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
   param_dtype_ = options.mp_policy.param_dtype.value_or(own_dtype);
   reduce_dtype_ = options.mp_policy.reduce_dtype.value_or(param_dtype_);
   compute_options_ = at::TensorOptions().dtype(param_dtype_).device(device);
-  alias_shards_ = shard_world_ == 1 && param_dtype_ == own_dtype;
+  offload_ = options.offload_policy.cpu_offload;
+  pin_memory_ = options.offload_policy.pin_memory;
+  // Offloaded shards live apart from what computes, also on the CPU.
+  alias_shards_ = shard_world_ == 1 && param_dtype_ == own_dtype && !offload_;
 
   // The per-rank flat shard, parameter after parameter, and the shards.
   int64_t offset = 0;
@@ -189,7 +196,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
     p.init_layout(shard_world_, shard_rank_, offset);
     offset += p.shard_numel();
     has_padding_ = has_padding_ || p.padded(shard_world_);
-    p.init_shard(compute_options_);
+    p.init_shard(compute_options_, offload_, pin_memory_);
   }
   flat_numel_ = offset;
   // Deferred: the buffer comes with the device, at set_device().
@@ -291,15 +298,48 @@ void FSDPParamGroup::unshard_async() {
   AddUnshardedBytes(buffer_bytes());
   state_ = State::kUnshardPending;
 
+  copy_in_and_all_gather();
+}
+
+void FSDPParamGroup::copy_in_and_all_gather() {
   // Copy-in straight into the unsharded buffer; the all-gather then fills
   // the other ranks' parts in place.
   const auto copy_start = std::chrono::steady_clock::now();
-  auto pieces = CopyInForAllGather(params_, unsharded_, shard_world_, shard_rank_);
-  AddSecondsSince(copy_start, wait_stats_.copy_in_s);
   ++wait_stats_.all_gathers;
-  unshard_done_ = shard_group_ ? shard_group_->all_gather_pieces(
-                                     unsharded_, std::move(pieces))
-                               : comm::CommHandle();
+  auto all_gather = [&](std::vector<comm::ProcessGroup::Piece> pieces) {
+    AddSecondsSince(copy_start, wait_stats_.copy_in_s);
+    unshard_done_ = shard_group_ ? shard_group_->all_gather_pieces(unsharded_, std::move(pieces))
+                                 : comm::CommHandle();
+  };
+  if (!offload_) {
+    all_gather(CopyInForAllGather(params_, unsharded_, shard_world_, shard_rank_));
+    return;
+  }
+  // Offload: the shards to the device first (a copy of their own on the
+  // CPU, which stands in for it), read by the copy-in there.
+  const at::Device device = compute_options_.device();
+  const c10::Stream copy = internal::CopyStream(device);
+  // The buffer may still be read by work queued before it was freed.
+  internal::WaitFor(copy, internal::CurrentStream(device));
+  const c10::StreamGuard on_copy(copy);
+  std::vector<at::Tensor> staged;
+  staged.reserve(params_.size());
+  for (const FSDPParam& p : params_) {
+    // From page-locked memory an asynchronous copy; the staged tensors are
+    // the copy stream's, so their memory is reused only after it.
+    staged.push_back(p.shard().detach().to(p.shard().options().device(device),
+                                           /*non_blocking=*/true, /*copy=*/true));
+  }
+  // Issued from the copy stream: a lane's collective waits for the stream
+  // it was issued from.
+  all_gather(CopyInForAllGather(params_, unsharded_, shard_world_, shard_rank_, &staged));
+  staged_ = internal::RecordOn(copy);
+}
+
+void FSDPParamGroup::wait_staged() {
+  if (!staged_) return;
+  internal::Block(internal::CurrentStream(compute_options_.device()), staged_.get());
+  staged_.reset();
 }
 
 void FSDPParamGroup::wait_unshard() {
@@ -308,6 +348,7 @@ void FSDPParamGroup::wait_unshard() {
   comm::CommHandle done = unshard_done_;
   unshard_done_ = comm::CommHandle();
   WaitTimed(done, wait_stats_.all_gather_wait_s);
+  wait_staged();
   for (FSDPParam& p : params_) {
     p.point_compute_at_unsharded(unsharded_, shard_world_);
   }
@@ -327,6 +368,7 @@ void FSDPParamGroup::reshard() {
     unshard_done_ = comm::CommHandle();
     // Never free memory a copy is still writing.
     WaitTimed(done, wait_stats_.all_gather_wait_s);
+    wait_staged();
   }
   for (FSDPParam& p : params_) p.free_compute(compute_options_);
   AddUnshardedBytes(-buffer_bytes());
@@ -401,8 +443,9 @@ at::Tensor FSDPParamGroup::prepare_reduction(std::vector<at::Tensor> grads) {
       at::Tensor g = grads[i].to(reduce_dtype_).reshape(p.shard().sizes());
       // The divisor a reduction over this one rank would apply.
       if (divide_factor_ != 1) g = g / divide_factor_;
-      p.accumulate_grad(g);
+      deliver_grad(i, g);
     }
+    hand_over_host_grads();
     AddSecondsSince(copy_start, wait_stats_.copy_in_s);
     return at::Tensor();
   }
@@ -477,7 +520,49 @@ void FSDPParamGroup::finish_reduction() {
       }
       if (contributed.data_ptr<double>()[i] <= 0) continue;
     }
-    p.accumulate_grad(p.reduced_grad_view(reduction.output));
+    deliver_grad(i, p.reduced_grad_view(reduction.output));
+  }
+  hand_over_host_grads();
+}
+
+void FSDPParamGroup::deliver_grad(size_t i, const at::Tensor& grad) {
+  if (!offload_) {
+    params_[i].accumulate_grad(grad);
+    return;
+  }
+  // A buffer of its own (the reduction's is reused by the next unit); on
+  // the CPU it is the host gradient itself.
+  device_grads_.emplace_back(i, grad.clone(at::MemoryFormat::Contiguous));
+}
+
+void FSDPParamGroup::hand_over_host_grads() {
+  if (!offload_) return;
+  std::vector<at::Tensor> trainable;
+  for (const FSDPParam& p : params_) {
+    if (p.requires_grad()) trainable.push_back(p.shard());
+  }
+  const at::Device device = compute_options_.device();
+  auto batch = std::make_shared<HostGradients>(std::move(trainable), device);
+  if (device.is_cpu()) {
+    for (auto& [i, grad] : device_grads_) batch->add(params_[i].shard(), std::move(grad));
+  } else if (!device_grads_.empty()) {
+    const c10::Stream copy = internal::CopyStream(device);
+    internal::WaitFor(copy, internal::CurrentStream(device));  // the gradients are computed
+    const c10::StreamGuard on_copy(copy);
+    for (auto& [i, grad] : device_grads_) {
+      at::Tensor host = internal::EmptyHost(
+          grad.sizes(), grad.options().pinned_memory(pin_memory_));
+      host.copy_(grad, /*non_blocking=*/true);
+      internal::RecordStream(grad, copy);  // read there: not reused before
+      batch->add(params_[i].shard(), std::move(host));
+    }
+    batch->copied(copy);
+  }
+  device_grads_.clear();
+  if (sink_) {
+    sink_(std::move(batch));
+  } else {
+    batch->apply();
   }
 }
 

@@ -34,7 +34,12 @@
 #include "core/fsdp/fsdp_options.h"
 #include "core/fsdp/internal/fsdp_collectives.h"
 #include "core/fsdp/internal/fsdp_param.h"
+#include "core/fsdp/offload.h"
 #include "core/fsdp/stats_types.h"
+
+namespace c10 {
+struct Event;
+}  // namespace c10
 
 namespace fsdp2 {
 namespace fsdp {
@@ -97,6 +102,12 @@ class FSDPParamGroup {
   // reduction carries them).
   void flush_local_grads();
 
+  // CPU offload (OffloadPolicy): where the unit's reduced gradients go
+  // (null: added to the shards' .grad before the reduction returns).
+  void set_host_gradient_sink(HostGradientSink sink) { sink_ = std::move(sink); }
+  // Whether the shards live in host memory (OffloadPolicy::cpu_offload).
+  bool offloaded() const { return offload_; }
+
   void set_requires_gradient_sync(bool sync) { requires_grad_sync_ = sync; }
   // Off: reductions still reduce-scatter over the shard group (and free
   // the unsharded gradients), but leave the all-reduce over the replicas
@@ -148,6 +159,21 @@ class FSDPParamGroup {
   int64_t reduction_width() const {
     return flat_numel_ + static_cast<int64_t>(params_.size());
   }
+  // Copy-in for the all-gather into unsharded_; with offload, the shards
+  // are first copied to the device on the copy stream, where the copy-in
+  // follows them (staged_ marks its end) and, with a shard group, the
+  // all-gather is issued from (it waits for that stream, not the compute
+  // stream). Sets unshard_done_.
+  void copy_in_and_all_gather();
+  // With offload, the compute stream waits for the copies to the device.
+  void wait_staged();
+  // A reduced gradient for params_[i]'s shard, of its shape: added to its
+  // .grad, or with offload kept for hand_over_host_grads().
+  void deliver_grad(size_t i, const at::Tensor& grad);
+  // With offload: copies the gradients deliver_grad() kept to the host
+  // (the copy stream) and hands them to the sink as one HostGradients.
+  void hand_over_host_grads();
+
   // kPostForward: sharded over the block group (post_forward_ holds this
   // rank's part), see reshard_after_forward().
   enum class State { kSharded, kPostForward, kUnshardPending, kUnsharded };
@@ -172,6 +198,13 @@ class FSDPParamGroup {
   bool requires_all_reduce_ = true;
   double divide_factor_ = 1;
   bool deferred_ = false;
+  bool offload_ = false;
+  bool pin_memory_ = false;
+  std::unique_ptr<c10::Event> staged_;  // offload: the copy-in's end (on a device)
+  // Offload: the gradients of the reduction being finished, on the device,
+  // by parameter index, until hand_over_host_grads().
+  std::vector<std::pair<size_t, at::Tensor>> device_grads_;
+  HostGradientSink sink_;
 
   State state_ = State::kSharded;
   // The block group backward all-gathers over after a partial reshard
