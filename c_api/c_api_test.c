@@ -587,8 +587,12 @@ static void TestOptionErrors(void) {
   o.struct_size = 0;
   EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "struct_size");
   fsdp2_strategy_options_init(&o);
-  o.cpu_offload = 1;
-  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "cpu_offload");
+  o.gpu_memory_limit_gib = -1;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT,
+               "gpu_memory_limit_gib");
+  fsdp2_strategy_options_init(&o);
+  o.pin_memory = 2;
+  EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "pin_memory");
   fsdp2_strategy_options_init(&o);
   o.sharding_strategy = 42;
   EXPECT_ERROR(fsdp2_strategy_create(&o, &s), FSDP2_ERROR_INVALID_ARGUMENT, "sharding_strategy");
@@ -1291,6 +1295,12 @@ static void TestStrategiesAndPrecision(void) {
           "\"forward_prefetch\": 2, \"backward_prefetch\": 0}", 1e-4, 0},
       {3, "{\"precision\": \"fp32\", \"seed\": 7, \"gradient_accumulation\": \"sharded\", "
           "\"forward_prefetch\": 0, \"backward_prefetch\": 3}", 1e-4, 0},
+      /* CPU offload: on the CPU the offload path runs with the CPU standing
+       * in for the device and changes nothing: exactly the 1-rank run on
+       * 1 rank (//tests:offload_test checks what it changes). */
+      {1, "{\"precision\": \"fp32\", \"seed\": 7, \"cpu_offload\": true}", 1e-15, 0},
+      {3, "{\"precision\": \"fp32\", \"seed\": 7, \"cpu_offload\": true, "
+          "\"pin_memory\": false}", 1e-4, 0},
       /* bf16 parameters and compute, fp32 reduction: tracks fp32 loosely. */
       {2, "{\"precision\": \"bf16\", \"seed\": 7}", 3e-2, 1},
   };

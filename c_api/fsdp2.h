@@ -298,7 +298,10 @@ typedef struct fsdp2_strategy_options {
   int32_t reshard_after_forward;
   int32_t shard_group_size;      /* HYBRID_SHARD ranks per group; 0: a node */
   int32_t precision;             /* an fsdp2_precision_t; default BF16 */
-  int32_t cpu_offload;           /* 0 or 1 */
+  /* 1: each rank's shards, gradients and optimizer state in host memory,
+   * the optimizer stepping there unit by unit during the backward (since
+   * ABI 1.9; refused before); on the CPU it changes nothing. 0 (default). */
+  int32_t cpu_offload;
   int32_t backend;               /* an fsdp2_backend_t */
   int64_t timeout_ms;            /* collectives and rendezvous; > 0 */
   int32_t checkpoint_format;     /* an fsdp2_checkpoint_format_t */
@@ -355,6 +358,15 @@ typedef struct fsdp2_strategy_options {
    * they are still sharded and saved. A pattern that matches no parameter
    * fails fsdp2_strategy_parallelize (INVALID_ARGUMENT). */
   const char* frozen_params;
+  /* Since ABI 1.9: CPU offload's controls (cpu_offload above). 1 (default):
+   * host buffers in page-locked memory, so that copies to and from the GPU
+   * run asynchronously; 0: pageable. Anything else: INVALID_ARGUMENT. */
+  int32_t pin_memory;
+  /* Caps this process's GPU memory at this many GiB (PyTorch's per-process
+   * memory fraction): a smaller GPU, emulated; a step that does not fit
+   * fails with FSDP2_ERROR_OUT_OF_MEMORY. 0 (default): the whole GPU;
+   * ignored on the CPU. Negative or not finite: INVALID_ARGUMENT. */
+  double gpu_memory_limit_gib;
 } fsdp2_strategy_options_t;
 
 /* Fills `options` with the defaults, each option's in the library's option

@@ -142,6 +142,8 @@ const OptionFields<fsdp2_strategy_options_t>& StrategyOptionFields() {
       {"ignored_params", Text(&S::ignored_params)},
       {"ignored_params_all_reduce", Bool(&S::ignored_params_all_reduce)},
       {"frozen_params", Text(&S::frozen_params)},
+      {"pin_memory", Bool(&S::pin_memory)},
+      {"gpu_memory_limit_gib", Number(&S::gpu_memory_limit_gib)},
   };
   return *fields;
 }

@@ -28,7 +28,7 @@ from ._library import __version__, abi_version, allocator, version
 from ._options import Optimizer, option_schema
 from ._model import Model
 from ._data import TokenDataLoader
-from ._strategy import MEMORY_STATS, FSDP2Strategy, StepResult
+from ._strategy import MEMORY_STATS, STRATEGY_NAMES, FSDP2Strategy, StepResult, strategy
 from ._launch import is_rank_process, launch_local, restart_count, restart_with_rank_environment
 
 __all__ = [
@@ -38,5 +38,5 @@ __all__ = [
     "Optimizer", "TokenDataLoader", "StepResult", "launch_local",
     "is_rank_process", "version", "abi_version", "allocator", "restart_count",
     "restart_with_rank_environment", "option_schema",
-    "MEMORY_STATS",
+    "MEMORY_STATS", "strategy", "STRATEGY_NAMES",
 ]

@@ -10,6 +10,7 @@ import numpy as np
 from . import fsdp2_c as _c
 from ._arrays import _array, _batch, _numpy_dtype
 from ._data import TokenDataLoader
+from ._errors import InvalidArgumentError
 from ._handle import _Handle
 from ._model import _init_context
 from ._options import Optimizer, _step_options, _with_options
@@ -361,3 +362,24 @@ _with_options(FSDP2Strategy.training_step, "step",
               positional=("accumulate_grad_batches", "gradient_clip_val"))
 _with_options(FSDP2Strategy.training_step_loader, "step",
               positional=("accumulate_grad_batches", "gradient_clip_val"))
+
+
+# Lightning's names for its FSDP strategies (its StrategyRegistry): the
+# options each name stands for.
+STRATEGY_NAMES = {
+    "fsdp": {},
+    "fsdp_cpu_offload": {"cpu_offload": True},
+}
+
+
+def strategy(name="fsdp", **options):
+    """The FSDP2Strategy that Lightning's strategy name stands for, as in
+    Trainer(strategy="fsdp_cpu_offload"): "fsdp" (the defaults) or
+    "fsdp_cpu_offload" (cpu_offload=True). Further keyword options are
+    FSDP2Strategy's and win over the name's. An unknown name raises
+    InvalidArgumentError naming the known ones."""
+    if name not in STRATEGY_NAMES:
+        raise InvalidArgumentError(
+            _c.FSDP2_ERROR_INVALID_ARGUMENT, "FSDP2_ERROR_INVALID_ARGUMENT",
+            f"unknown strategy name {name!r} (known: {', '.join(sorted(STRATEGY_NAMES))})")
+    return FSDP2Strategy(**{**STRATEGY_NAMES[name], **options})

@@ -56,5 +56,31 @@ def test_each_options_check_runs_at_the_keyword():
         fsdp2.FSDP2Strategy().training_step([], 0, accumulate_grad_batches=0)
 
 
+def test_lightnings_strategy_names_set_their_options(monkeypatch):
+    """fsdp2.strategy("fsdp_cpu_offload") is FSDP2Strategy(cpu_offload=True):
+    what reaches the library is the name's options, then the caller's."""
+    import json
+    from fsdp2 import _strategy
+    sent = []
+    real = _strategy._c.fsdp2_strategy_create_from_json
+
+    def record(text):
+        sent.append(json.loads(text))
+        return real(text)
+
+    monkeypatch.setattr(_strategy._c, "fsdp2_strategy_create_from_json", record)
+    with fsdp2.strategy("fsdp_cpu_offload"):
+        pass
+    assert sent[-1] == {"cpu_offload": True}
+    with fsdp2.strategy("fsdp_cpu_offload", cpu_offload=False, seed=3):
+        pass
+    assert sent[-1] == {"cpu_offload": False, "seed": 3}
+    with fsdp2.strategy():
+        pass
+    assert sent[-1] == {}
+    with pytest.raises(fsdp2.InvalidArgumentError, match="fsdp_cpu_offload"):
+        fsdp2.strategy("ddp")
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v", "-p", "no:cacheprovider"]))

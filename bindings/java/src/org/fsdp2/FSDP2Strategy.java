@@ -185,8 +185,31 @@ public final class FSDP2Strategy extends Handle {
       return set(key, old == null ? entry : old + ";" + entry);
     }
 
+    /**
+     * CPU offload (Lightning's "fsdp_cpu_offload"): each rank's shards, their
+     * gradients and the optimizer's state in host memory, the optimizer
+     * stepping there unit by unit during the backward. On the CPU it changes
+     * nothing. Default false.
+     */
     public Builder cpuOffload(boolean offload) {
       return set("cpu_offload", offload);
+    }
+
+    /**
+     * With CPU offload: host buffers in page-locked memory, so that copies to
+     * and from the GPU run asynchronously. Default true.
+     */
+    public Builder pinMemory(boolean pin) {
+      return set("pin_memory", pin);
+    }
+
+    /**
+     * Caps this process's GPU memory at this many GiB, a smaller GPU
+     * emulated: a step that does not fit throws the out-of-memory
+     * FSDP2Exception. 0 (the default): the whole GPU.
+     */
+    public Builder gpuMemoryLimitGib(double gib) {
+      return set("gpu_memory_limit_gib", gib);
     }
 
     /**
