@@ -673,6 +673,13 @@ int main(int argc, char** argv) {
     // waiting) if it is not in place yet.
     launch::ReexecWithRankEnvironment(argv);
     return RunRank(flags);
+  } catch (const c10::OutOfMemoryError& e) {
+    // Named, with what to change: LibTorch's text says only what failed.
+    std::cerr << "train: out of memory: " << e.what_without_backtrace()
+              << "\ntrain: the step does not fit on this device; try --cpu-offload 1 (shards, "
+                 "gradients and optimizer state in host memory), --activation-checkpointing 1, "
+                 "a smaller --batch-size, or more ranks\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "train: " << e.what() << "\n";
     return 1;

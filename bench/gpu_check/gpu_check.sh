@@ -185,9 +185,9 @@ run() {
                 --init-from "$out/init_medium.safetensors" --mixed-precision bf16
                 --steps $((off_warmup + off_steps)))
   FSDP2_BACKEND=nccl "${otrain[@]}" --out-dir "$out/offload_none" >"$out/offload_none.log" 2>&1
-  FSDP2_BACKEND=nccl "${otrain[@]}" --cpu-offload --out-dir "$out/offload_clip" \
+  FSDP2_BACKEND=nccl "${otrain[@]}" --cpu-offload 1 --out-dir "$out/offload_clip" \
     >"$out/offload_clip.log" 2>&1
-  FSDP2_BACKEND=nccl "${otrain[@]}" --cpu-offload --clip 0 --out-dir "$out/offload_noclip" \
+  FSDP2_BACKEND=nccl "${otrain[@]}" --cpu-offload 1 --clip 0 --out-dir "$out/offload_noclip" \
     >"$out/offload_noclip.log" 2>&1
   cat "$out"/offload_*.log >>"$log"
   local o
@@ -201,7 +201,7 @@ run() {
                 --data synthetic "${xl[@]}" --batch-size "$xl_batch" --lr 3e-4 --val-every 1000000
                 --progress-bar 0 --seed 1337 --mixed-precision bf16 --activation-checkpointing 1
                 --gpu-memory-limit "$cap" --steps "$xl_steps")
-  FSDP2_BACKEND=nccl "${xtrain[@]}" --cpu-offload --out-dir "$out/xl_offload" \
+  FSDP2_BACKEND=nccl "${xtrain[@]}" --cpu-offload 1 --out-dir "$out/xl_offload" \
     >"$out/xl_offload.log" 2>&1
   echo "exit $?" >>"$out/xl_offload.log"
   FSDP2_BACKEND=nccl "${xtrain[@]}" --out-dir "$out/xl_none" >"$out/xl_none.log" 2>&1

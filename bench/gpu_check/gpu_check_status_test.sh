@@ -60,7 +60,7 @@ while [[ $# -gt 0 ]]; do
     --out-dir) out=$2; shift ;;
     --mixed-precision) precision=$2; shift ;;
     --gpu-memory-limit) cap=$2; shift ;;
-    --cpu-offload) offload=1 ;;
+    --cpu-offload) offload=$2; shift ;;
   esac
   shift
 done
