@@ -3,10 +3,12 @@
 // ranks on one device; this runs the engine's multi-rank logic, gathers,
 // reduce-scatters and clipping across shards, on CUDA tensors), each equal to
 // one process training the same model on the same GPU; activation
-// checkpointing bit-identical to training without it; checkpoints that move
-// between the GPU and the CPU both ways; a model built under
-// tensor_init_context() materialised on the GPU, equal to an eager build;
-// background saves from the GPU; tensor parallelism and HYBRID_SHARD.
+// checkpointing bit-identical to training without it, and a lower device
+// peak with it; checkpoints that move between the GPU and the CPU both ways;
+// a model built under tensor_init_context() deferred until parallelize()
+// and materialised on the GPU, equal to an eager build; background saves
+// from the GPU, written while training goes on; tensor parallelism and
+// HYBRID_SHARD.
 // Built in every run. Where no CUDA device is visible it prints a SKIPPED:
 // line and runs nothing, unless
 //   FSDP2_GPU_TEST_DRY_RUN=1  every "cuda" is the CPU and "nccl" gloo: the
@@ -19,15 +21,22 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/background_saver.h"
+#include "core/fsdp/deferred_init.h"
 #include "core/models/gpt_module.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "tests/harness/multi_process.h"
@@ -76,8 +85,10 @@ strategy::DistributedSamplerOptions Sampler() {
 //       save|- load_dir|- [build [layout]]
 // save: DIR (a sharded save after training), or "async:DIR" /
 // "async-full:DIR" (a background save, sharded or full, after training,
-// then one more step while it is written). build: "eager" (default) or
-// "deferred" (the model built under tensor_init_context()). layout: "dp"
+// then one more step while it is written: the save is held back until that
+// step has run, and must still be in flight then). build: "eager" (default)
+// or "deferred" (the model built under tensor_init_context(): every
+// parameter deferred until parallelize(), none after). layout: "dp"
 // (default: every rank data-parallel, FULL_SHARD), "tp2" (tensor-parallel
 // pairs) or "hsdp2" (HYBRID_SHARD, shard groups of two).
 // Writes losses<rank>.txt, params.pt (rank 0: the full parameters after
@@ -111,8 +122,15 @@ FSDP2_SCENARIO(gpu_train) {
     module = std::make_shared<models::GPTModule>(Config(), TestOptimizer("adamw"),
                                                  DtypeOf(args.at(2)));
   }
+  for (const auto& p : module->module()->parameters()) {
+    Check(fsdp::is_deferred(p) == deferred,
+          deferred ? "under tensor_init_context() every parameter is deferred (no memory) "
+                     "until parallelize()"
+                   : "an eager build's parameters are real tensors");
+  }
   s.connect(module);
   s.parallelize();
+  Check(!fsdp::has_deferred_tensors(*module->module()), "parallelize() materialised everything");
   if (load != "-") s.load_checkpoint(load);
   const int rank = s.world()->rank();
   auto loader = s.process_dataloader(TokenWindows(Config().vocab_size, kRows), kGlobalBatch);
@@ -128,10 +146,36 @@ FSDP2_SCENARIO(gpu_train) {
   for (const auto& p : module->module()->parameters()) {
     Check(p.device() == s.device(), "every parameter shard on the strategy's device");
   }
+  // A background save's write waits here until the step after it has run:
+  // a save written before save_checkpoint() returns (synchronously) would
+  // wait in vain, and be found written when the step is done.
+  // (Shared with the gate: a failed check below leaves it valid.)
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable stepped_cv;
+    bool stepped = false, written_after_step = false;
+  };
+  const auto gate = std::make_shared<Gate>();
+  if (async) {
+    checkpoint::BackgroundSaver::SetGateForTesting([gate] {
+      std::unique_lock<std::mutex> lock(gate->mu);
+      gate->stepped_cv.wait_for(lock, std::chrono::seconds(20), [&] { return gate->stepped; });
+      gate->written_after_step = gate->stepped;
+    });
+  }
   if (save != "-") s.save_checkpoint(save, async);
   if (async) {  // a step that changes every shard while the save is written
     s.backward(s.training_step(loader.batch(steps), steps));
     s.optimizer_step(/*max_grad_norm=*/1.0);
+    Check(s.checkpoint_in_flight(), "the background save is still in flight after the step");
+    {
+      std::lock_guard<std::mutex> lock(gate->mu);
+      gate->stepped = true;
+    }
+    gate->stepped_cv.notify_all();
+    s.wait_for_checkpoint();
+    checkpoint::BackgroundSaver::SetGateForTesting(nullptr);
+    Check(gate->written_after_step, "the background save was written after the step, not before");
   }
   const auto stats = s.memory_stats();
   std::ofstream(WorkerOutDir() + "/device" + std::to_string(rank) + ".txt")
@@ -143,6 +187,36 @@ FSDP2_SCENARIO(gpu_train) {
     torch::save(values, WorkerOutDir() + "/params.pt");
   }
   s.barrier();
+  s.teardown();
+}
+
+// args: device backend activation_checkpointing(0|1). A 4-block float32
+// GPT on one rank, one global batch of many rows (on the GPU: 4096 rows of
+// 8 tokens, so that each block's activations, tens of MiB, outweigh
+// everything else the step holds), two steps. Writes ac.txt: how many
+// modules parallelize() checkpointed, and the device's peak allocated bytes
+// (0 on the CPU).
+FSDP2_SCENARIO(gpu_ac_memory) {
+  strategy::FSDP2StrategyOptions o = TestStrategyOptions(kSeed, kSamplerSeed);
+  o.device = Device(args.at(0));
+  o.backend = Backend(args.at(1));
+  if (args.at(2) == "1") o.activation_checkpointing = fsdp::ActivationCheckpointing::Full();
+  strategy::FSDP2Strategy s(o);
+  s.setup_environment();
+  models::GPTConfig config = Config();
+  config.n_layer = 4;
+  auto module = std::make_shared<models::GPTModule>(config, TestOptimizer("adamw"), at::kFloat);
+  s.connect(module);
+  s.parallelize();
+  const int64_t rows = s.device().is_cpu() ? 64 : 4096;
+  auto loader = s.process_dataloader(TokenWindows(config.vocab_size, rows), rows);
+  for (int i = 0; i < 2; ++i) {
+    s.backward(s.training_step(loader.batch(0), i));
+    s.optimizer_step(/*max_grad_norm=*/1.0);
+  }
+  std::ofstream(WorkerOutDir() + "/ac.txt")
+      << s.checkpointed_modules().size() << " " << s.memory_stats().peak_device_allocated_bytes
+      << "\n";
   s.teardown();
 }
 
@@ -233,6 +307,37 @@ TEST(Gpu, ActivationCheckpointingIsBitIdentical) {
   }
 }
 
+// Activation checkpointing keeps only each block's input from forward: on
+// the GPU the step's peak falls well below training without it (the
+// activations of 3 of the 4 blocks, most of the peak here). Everywhere (the
+// dry run has no device peak): every block is checkpointed, and nothing
+// without it.
+TEST(Gpu, ActivationCheckpointingLowersThePeak) {
+  std::vector<std::vector<int64_t>> runs;  // {checkpointed modules, peak} without, with
+  for (const char* ac : {"0", "1"}) {
+    LaunchOptions o;
+    o.world_size = 1;
+    o.scenario = "gpu_ac_memory";
+    o.args = {"cuda", "nccl", ac};
+    LaunchResult r = LaunchRanks(o);
+    ASSERT_TRUE(r.ok()) << r.Describe();
+    std::istringstream in(ReadFile(r.out_dir + "/ac.txt"));
+    int64_t count = -1, peak = -1;
+    in >> count >> peak;
+    runs.push_back({count, peak});
+  }
+  EXPECT_EQ(runs[0][0], 0) << "modules checkpointed without activation checkpointing";
+  EXPECT_EQ(runs[1][0], 4) << "modules checkpointed with it (the 4 blocks)";
+  std::printf("device peak without activation checkpointing %lld B, with it %lld B\n",
+              static_cast<long long>(runs[0][1]), static_cast<long long>(runs[1][1]));
+  if (Device("cuda") != "cpu") {
+    EXPECT_GT(runs[0][1], 0);
+    EXPECT_LT(runs[1][1], runs[0][1] * 6 / 10)
+        << "activation checkpointing must lower the device peak: " << runs[1][1] << " B with, "
+        << runs[0][1] << " B without";
+  }
+}
+
 TEST(Gpu, CheckpointsMoveBetweenGpuAndCpu) {
   const std::string dir = ::testing::TempDir() + "/gpu_ckpt";
   for (const auto& [from, to] : {std::make_pair("cuda", "cpu"), std::make_pair("cpu", "cuda")}) {
@@ -291,6 +396,7 @@ TEST(Gpu, BackgroundSavesFromTheGpuHoldTheirStep) {
         Launch(2, {"cuda", "gloo", "f32", "0", "2", std::string(kind) + ":" + path, "-"});
     const TrainResult loaded = Launch(1, {"cpu", "gloo", "f32", "0", "0", "-", path});
     ASSERT_EQ(loaded.params.size(), at_save.params.size());
+    ASSERT_EQ(went_on.params.size(), at_save.params.size());
     bool moved = false;
     for (size_t i = 0; i < at_save.params.size(); ++i) {
       EXPECT_TRUE(loaded.params[i].equal(at_save.params[i])) << "parameter " << i;

@@ -7,9 +7,13 @@ import java.util.Map;
  * One rank of the multi-JVM test: trains the GPT on this rank's rows of a
  * fixed sequence of global batches and writes (rank 0) the losses and the
  * full token embedding. Usage: TrainWorker OUT STEPS [deferred] [ac=MODE]
- * [dropout=P] [memory]. With memory, every rank also writes its memory
- * statistics after the steps to OUT.memory.RANK: "sharded total optimizer
- * grads peakUnsharded rss peakRss" (bytes).
+ * [dropout=P] [memory] [acmemory]. With memory, every rank also writes its
+ * memory statistics after the steps to OUT.memory.RANK: "sharded total
+ * optimizer grads peakUnsharded rss peakRss" (bytes). With acmemory (one
+ * rank), it trains another GPT instead, one whose activations outweigh the
+ * rest (8 blocks, 16 rows of 128 tokens), for two steps, and writes to OUT
+ * how much the second grew the resident memory (its peak after the step
+ * less its size before), with activation checkpointing ac=MODE.
  */
 public final class TrainWorker {
   static final int VOCAB = 32, BLOCK = 8, ROWS = 12;
@@ -64,17 +68,44 @@ public final class TrainWorker {
     return s;
   }
 
+  static void acMemory(String out, String ac) throws Exception {
+    try (FSDP2Strategy s = FSDP2Strategy.builder().precision("fp32").seed(11)
+        .activationCheckpointing(ac).build()) {
+      s.setupEnvironment();
+      try (Model model = Model.gpt(Map.of("vocab_size", VOCAB, "block_size", 128, "n_layer", 8,
+          "n_head", 4, "n_embd", 32))) {
+        s.connect(model, OptimizerOptions.adamw().lr(0.01));
+      }
+      s.parallelize();
+      long[] tokens = new long[16 * 128], targets = new long[16 * 128];
+      for (int i = 0; i < tokens.length; ++i) {
+        tokens[i] = (i * 7L) % VOCAB;
+        targets[i] = (tokens[i] + 1) % VOCAB;
+      }
+      s.trainingStep(0, Tensor.ofLongs(tokens, 16, 128), Tensor.ofLongs(targets, 16, 128));
+      s.resetPeakMemoryStats();
+      MemoryStats before = s.memoryStats();
+      s.trainingStep(1, Tensor.ofLongs(tokens, 16, 128), Tensor.ofLongs(targets, 16, 128));
+      MemoryStats after = s.memoryStats();
+      try (PrintWriter w = new PrintWriter(out)) {
+        w.println(after.peakRssBytes - before.rssBytes);
+      }
+    }
+  }
+
   public static void main(String[] args) throws Exception {
     int steps = Integer.parseInt(args[1]);
     boolean deferred = false;
     String ac = "none";
     double dropout = 0;
-    boolean memory = false;
+    boolean memory = false, acMemory = false;
     for (int i = 2; i < args.length; ++i) {
       if (args[i].equals("deferred")) {
         deferred = true;
       } else if (args[i].equals("memory")) {
         memory = true;
+      } else if (args[i].equals("acmemory")) {
+        acMemory = true;
       } else if (args[i].startsWith("ac=")) {
         ac = args[i].substring(3);
       } else if (args[i].startsWith("dropout=")) {
@@ -82,6 +113,10 @@ public final class TrainWorker {
       } else {
         throw new IllegalArgumentException("unknown argument " + args[i]);
       }
+    }
+    if (acMemory) {
+      acMemory(args[0], ac);
+      return;
     }
     try (FSDP2Strategy s = newStrategy(deferred, ac, dropout)) {
       double[] losses = new double[steps];
