@@ -5,6 +5,7 @@
 // float32 and bf16 runs check the bounds users will see.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -243,6 +244,97 @@ TEST(Controls, PartialReshardAfterForward) {
     spec.ac = ac;
     spec.controls = controls;
     ExpectEquivalent(spec, kFloat64, worlds);
+  }
+}
+
+// ---- What the controls change, from the engine's own counts (the tiny
+// GPT: two blocks and the root; every rank of a run sees the same).
+
+// Rank 0's output of `spec` on `world` ranks (every rank checked alike by
+// the callers through the equal-by-construction counts).
+TrainOutput RunRank0(const TrainSpec& spec, int world) {
+  auto outs = RunSharded(spec, world);
+  return outs.empty() ? TrainOutput() : outs[0];
+}
+
+// SHARD_GRAD_OP keeps each unit's parameters unsharded from forward to
+// backward: one all-gather per unit per step, where FULL_SHARD gathers each
+// block again for its backward; one reduction per unit per step either way.
+TEST(Controls, ShardGradOpGathersEachUnitOncePerStep) {
+  for (int n : {2, 3}) {
+    TrainSpec spec;
+    spec.steps = 3;
+    spec.strategy = "shard_grad_op";
+    const TrainOutput sgo = RunRank0(spec, n);
+    spec.strategy = "full_shard";
+    const TrainOutput full = RunRank0(spec, n);
+    ASSERT_EQ(sgo.all_gathers.size(), 3u) << "two blocks and the root";
+    ASSERT_EQ(full.all_gathers.size(), 3u);
+    for (size_t u = 0; u < 3; ++u) {
+      const bool root = u == 2;
+      EXPECT_EQ(sgo.all_gathers[u], 3) << "SHARD_GRAD_OP N=" << n << " unit " << u;
+      EXPECT_EQ(sgo.reductions[u], 3) << "SHARD_GRAD_OP N=" << n << " unit " << u;
+      EXPECT_EQ(full.all_gathers[u], root ? 3 : 6) << "FULL_SHARD N=" << n << " unit " << u;
+      // After forward: everything still unsharded with SHARD_GRAD_OP, only
+      // the root (which never reshards after forward) with FULL_SHARD.
+      EXPECT_GT(sgo.after_forward_unsharded[u], 0) << "SHARD_GRAD_OP N=" << n << " unit " << u;
+      EXPECT_EQ(full.after_forward_unsharded[u], root ? sgo.after_forward_unsharded[u] : 0)
+          << "FULL_SHARD N=" << n << " unit " << u;
+    }
+  }
+}
+
+// Prefetching holds the next units' parameters beside the running one's:
+// with forward (or backward) prefetch 2 the unsharded peak is the root and
+// both blocks, with neither prefetch the root and one block.
+TEST(Controls, PrefetchRaisesTheUnshardedPeak) {
+  TrainSpec spec;
+  spec.steps = 2;
+  spec.strategy = "shard_grad_op";  // every unit's unsharded bytes, after forward
+  const TrainOutput sizes = RunRank0(spec, 2);
+  ASSERT_EQ(sizes.after_forward_unsharded.size(), 3u);
+  const int64_t block0 = sizes.after_forward_unsharded[0], block1 = sizes.after_forward_unsharded[1];
+  const int64_t root = sizes.after_forward_unsharded[2];
+  spec.strategy = "full_shard";
+  int64_t peak[3];  // none, forward 2, backward 2
+  const char* controls[3] = {"fp=0,bp=0", "fp=2,bp=0", "fp=0,bp=2"};
+  for (int i = 0; i < 3; ++i) {
+    spec.controls = controls[i];
+    peak[i] = RunRank0(spec, 2).peak_unsharded_bytes;
+    std::printf("%s: peak unsharded %lld B (root %lld B, blocks %lld B and %lld B)\n",
+                controls[i], static_cast<long long>(peak[i]), static_cast<long long>(root),
+                static_cast<long long>(block0), static_cast<long long>(block1));
+  }
+  EXPECT_EQ(peak[0], root + std::max(block0, block1)) << "no prefetch: one block at a time";
+  EXPECT_EQ(peak[1], root + block0 + block1) << "forward prefetch 2";
+  EXPECT_EQ(peak[2], root + block0 + block1) << "backward prefetch 2";
+  EXPECT_GT(peak[1], peak[0]);
+  EXPECT_GT(peak[2], peak[0]);
+}
+
+// Resharding after forward down to blocks of K ranks (hpZ) leaves each rank
+// 1/K of every unit's parameters (the K ranks of a block hold one copy
+// between them), which backward gathers again inside the block; K = 1
+// leaves nothing, K = the shard group everything (no second all-gather).
+// Set explicitly, the size applies to the root too (by default the root
+// keeps its parameters for backward).
+TEST(Controls, PartialReshardKeepsOneKthOfEachUnitAfterForward) {
+  std::vector<TrainOutput> runs;  // K = 1, 2, 4 on 4 ranks
+  for (const char* controls : {"raf=1", "raf=2", "raf=4"}) {
+    TrainSpec spec;
+    spec.steps = 2;
+    spec.controls = controls;
+    runs.push_back(RunRank0(spec, 4));
+    ASSERT_EQ(runs.back().after_forward_unsharded.size(), 3u) << controls;
+  }
+  for (size_t u = 0; u < 3; ++u) {
+    const int64_t whole = runs[2].after_forward_unsharded[u];
+    EXPECT_GT(whole, 0) << "unit " << u;
+    EXPECT_EQ(runs[0].after_forward_unsharded[u], 0) << "K=1, unit " << u;
+    EXPECT_EQ(runs[1].after_forward_unsharded[u], whole / 2) << "K=2, unit " << u;
+    EXPECT_EQ(runs[0].all_gathers[u], 4) << "K=1, unit " << u;
+    EXPECT_EQ(runs[1].all_gathers[u], 4) << "K=2, unit " << u;
+    EXPECT_EQ(runs[2].all_gathers[u], 2) << "K=4, unit " << u;
   }
 }
 

@@ -25,6 +25,7 @@
 #include "core/checkpoint/full_checkpoint.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/sharded_checkpoint.h"
+#include "core/fsdp/fully_shard.h"
 #include "core/launch/local_launcher.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/trainer.h"
@@ -249,6 +250,106 @@ TEST(FSDP2Strategy, ControlsByNameTrainLikeOneProcess) {
   ASSERT_EQ(losses.size(), ref.size());
   EXPECT_GT(std::abs(losses.back() - ref.back()), 1e-9 * ref.back())
       << "the ignored parameters' gradients were reduced although nobody asked";
+}
+
+// What the strategy's fully_shard controls change. args: controls, a
+// comma-separated list of fp=D / bp=D (prefetch depths), raf=V
+// (set_reshard_after_forward(V)), sgo (SHARD_GRAD_OP), fl / bl (the root's
+// forward / backward prefetch list: both blocks), or "-". Three steps;
+// writes memory<rank>.txt: the peak of unsharded parameter bytes, the
+// unsharded bytes right after the first training_step() (its forward), and
+// the all-gathers of blocks.0, blocks.1 and the root.
+FSDP2_SCENARIO(strategy_controls_memory) {
+  auto o = Options();
+  std::stringstream controls(args.at(0));
+  for (std::string c; std::getline(controls, c, ',');) {
+    if (c.rfind("fp=", 0) == 0) {
+      o.forward_prefetch = std::stoi(c.substr(3));
+    } else if (c.rfind("bp=", 0) == 0) {
+      o.backward_prefetch = std::stoi(c.substr(3));
+    } else if (c.rfind("raf=", 0) == 0) {
+      o.set_reshard_after_forward(std::stoi(c.substr(4)));
+    } else if (c == "sgo") {
+      o.sharding_strategy = fsdp::ShardingStrategy::kShardGradOp;
+    } else if (c == "fl") {
+      o.forward_prefetch_modules = {{"", {"blocks.1", "blocks.0"}}};
+    } else if (c == "bl") {
+      o.backward_prefetch_modules = {{"", {"blocks.0", "blocks.1"}}};
+    } else if (c != "-") {
+      throw std::invalid_argument("unknown control " + c);
+    }
+  }
+  strategy::FSDP2Strategy s(o);
+  auto module = Prepare(s);
+  auto loader = s.process_dataloader(Dataset(kRows), kGlobalBatch);
+  int64_t after_forward = -1;
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor loss = s.training_step(loader.batch(i), i);
+    if (i == 0) after_forward = s.memory_stats().unsharded_param_bytes;
+    s.backward(loss);
+    s.optimizer_step();
+  }
+  std::ofstream out(WorkerOutDir() + "/memory" + std::to_string(s.world()->rank()) + ".txt");
+  out << s.memory_stats().peak_unsharded_param_bytes << " " << after_forward;
+  auto units = module->module()->named_modules();
+  for (const char* unit : {"blocks.0", "blocks.1", ""}) {
+    out << " " << fsdp::comm_wait_stats(*units[unit]).all_gathers;
+  }
+  out << "\n";
+  s.teardown();
+}
+
+// {peak, after forward, gathers of blocks.0, blocks.1, root} of `controls`
+// on `n` ranks; the same on every rank.
+std::vector<int64_t> ControlsMemory(int n, const std::string& controls) {
+  auto r = LaunchScenario("strategy_controls_memory", n, {controls});
+  EXPECT_TRUE(r.ok()) << controls << "\n" << r.Describe();
+  if (!r.ok()) return std::vector<int64_t>(5, -1);
+  std::vector<int64_t> values;
+  std::istringstream in(ReadFile(r.out_dir + "/memory0.txt"));
+  for (int64_t v; in >> v;) values.push_back(v);
+  EXPECT_EQ(values.size(), 5u) << controls;
+  values.resize(5, -1);
+  for (int rank = 1; rank < n; ++rank) {
+    EXPECT_EQ(ReadFile(r.out_dir + "/memory" + std::to_string(rank) + ".txt"),
+              ReadFile(r.out_dir + "/memory0.txt"))
+        << controls << ", rank " << rank;
+  }
+  std::printf("%-14s N=%d: peak unsharded %lld B, after forward %lld B, all-gathers %lld %lld "
+              "%lld\n", controls.c_str(), n, static_cast<long long>(values[0]),
+              static_cast<long long>(values[1]), static_cast<long long>(values[2]),
+              static_cast<long long>(values[3]), static_cast<long long>(values[4]));
+  return values;
+}
+
+// The strategy's controls reach fully_shard: prefetch depths and lists
+// raise the unsharded peak over no prefetch; resharding after forward
+// leaves the root (FULL_SHARD), everything (SHARD_GRAD_OP, or 0) or half of
+// every unit (down to pairs of 4 ranks) unsharded; SHARD_GRAD_OP gathers
+// each unit once per step, FULL_SHARD the blocks twice.
+TEST(FSDP2Strategy, FullyShardControlsChangeWhatIsUnshardedWhen) {
+  const auto none = ControlsMemory(2, "fp=0,bp=0");
+  for (const char* raised : {"fp=2,bp=0", "fp=0,bp=2", "fp=0,bp=0,fl", "fp=0,bp=0,bl"}) {
+    EXPECT_GT(ControlsMemory(2, raised)[0], none[0]) << raised << " against no prefetch";
+  }
+  for (int n : {2, 4}) {
+    const auto full = ControlsMemory(n, "-");
+    const auto sgo = ControlsMemory(n, "sgo");
+    const auto kept = ControlsMemory(n, "raf=0");
+    const int64_t root = full[1], blocks = sgo[1] - full[1];
+    EXPECT_GT(root, 0) << "N=" << n << ": the root stays unsharded after forward";
+    EXPECT_GT(blocks, 0) << "N=" << n << ": SHARD_GRAD_OP keeps the blocks after forward";
+    EXPECT_EQ(kept[1], sgo[1]) << "N=" << n << ": reshard_after_forward 0 keeps everything";
+    EXPECT_EQ(full[2], 6) << "N=" << n;
+    EXPECT_EQ(full[3], 6) << "N=" << n;
+    EXPECT_EQ(full[4], 3) << "N=" << n;
+    for (int u = 2; u < 5; ++u) EXPECT_EQ(sgo[u], 3) << "N=" << n << ", SHARD_GRAD_OP unit " << u;
+    if (n == 4) {  // set explicitly, the size applies to the root too
+      const auto half = ControlsMemory(n, "raf=2");
+      EXPECT_EQ(half[1], sgo[1] / 2) << "reshard after forward down to pairs: half of each unit";
+      for (int u = 2; u < 5; ++u) EXPECT_EQ(half[u], 6) << "raf=2, unit " << u;
+    }
+  }
 }
 
 TEST(FSDP2Strategy, RejectsAGlobalBatchThatRanksCannotSplit) {

@@ -402,6 +402,17 @@ TrainOutput TrainSharded(const TrainSpec& spec,
       const int64_t start = (int64_t{micro} * n + rank) * B;
       at::Tensor loss = m.loss(x.narrow(0, start, B), y.narrow(0, start, B)) /
                         spec.grad_accum;
+      if (step == 0 && micro == 0) {
+        // What forward left unsharded, unit by unit (the root's own: the
+        // rest of the total).
+        int64_t inner = 0;
+        for (const auto& unit : m.units) {
+          out.after_forward_unsharded.push_back(fsdp::memory_stats(*unit).unsharded_param_bytes);
+          inner += out.after_forward_unsharded.back();
+        }
+        out.after_forward_unsharded.push_back(
+            fsdp::memory_stats(*m.root).unsharded_param_bytes - inner);
+      }
       loss.backward();
       local_loss += loss.item<double>();
     }
@@ -446,6 +457,8 @@ void WriteOutput(const std::string& path, const TrainOutput& out) {
   for (size_t i = 0; i < out.all_gathers.size(); ++i) {
     f << " " << out.all_gathers[i] << " " << out.reductions[i];
   }
+  f << "\nafter_forward";
+  for (int64_t b : out.after_forward_unsharded) f << " " << b;
   f << "\n";
   for (const auto& [name, t] : out.params) {
     at::Tensor flat = t.to(at::kDouble).reshape({-1}).contiguous();
@@ -478,6 +491,8 @@ TrainOutput ReadOutput(const std::string& path) {
         out.all_gathers.push_back(g);
         out.reductions.push_back(r);
       }
+    } else if (kind == "after_forward") {
+      for (int64_t b; s >> b;) out.after_forward_unsharded.push_back(b);
     } else if (kind == "param") {
       std::string name;
       int64_t numel;

@@ -115,6 +115,9 @@ struct TrainOutput {
   // Per unit (the inner units in module order, then the root): all-gathers
   // and gradient reductions over the whole run (sharded runs).
   std::vector<int64_t> all_gathers, reductions;
+  // Per unit, in the same order: its unsharded parameter bytes right after
+  // the first forward, before its backward (sharded runs).
+  std::vector<int64_t> after_forward_unsharded;
 };
 
 // The reference: one process, no FSDP, the global batch of `world` ranks.
