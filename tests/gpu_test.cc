@@ -28,6 +28,7 @@
 #include <cstring>
 #include <fstream>
 #include <iomanip>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -172,19 +173,36 @@ FSDP2_SCENARIO(gpu_train) {
       written_after_step = stepped;
     });
   }
+  // A background save's write waits here until the step after it has run:
+  // a save written before save_checkpoint() returns (synchronously) would
+  // wait in vain, and be found written when the step is done.
+  // (Shared with the gate: a failed check below leaves it valid.)
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable stepped_cv;
+    bool stepped = false, written_after_step = false;
+  };
+  const auto gate = std::make_shared<Gate>();
+  if (async) {
+    checkpoint::BackgroundSaver::SetGateForTesting([gate] {
+      std::unique_lock<std::mutex> lock(gate->mu);
+      gate->stepped_cv.wait_for(lock, std::chrono::seconds(20), [&] { return gate->stepped; });
+      gate->written_after_step = gate->stepped;
+    });
+  }
   if (save != "-") s.save_checkpoint(save, async);
   if (async) {  // a step that changes every shard while the save is written
     s.backward(s.training_step(loader.batch(first + steps), first + steps));
     s.optimizer_step(/*max_grad_norm=*/1.0);
     Check(s.checkpoint_in_flight(), "the background save is still in flight after the step");
     {
-      std::lock_guard<std::mutex> lock(mu);
-      stepped = true;
+      std::lock_guard<std::mutex> lock(gate->mu);
+      gate->stepped = true;
     }
-    stepped_cv.notify_all();
+    gate->stepped_cv.notify_all();
     s.wait_for_checkpoint();
     checkpoint::BackgroundSaver::SetGateForTesting(nullptr);
-    Check(written_after_step, "the background save was written after the step, not before");
+    Check(gate->written_after_step, "the background save was written after the step, not before");
   }
   const auto stats = s.memory_stats();
   std::ofstream(WorkerOutDir() + "/device" + std::to_string(rank) + ".txt")
