@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "c_api/fsdp2.h"
-#include "c_api/internal/builtin_modules.h"
+#include "core/models/model_family.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/token_dataset.h"
 
@@ -27,12 +27,13 @@ namespace c_api {
 // fsdp2_strategy_t: the strategy and the model connected to it.
 struct StrategyState {
   std::unique_ptr<strategy::FSDP2Strategy> strategy;
-  std::shared_ptr<BuiltinModule> module;  // set by fsdp2_strategy_connect
+  std::shared_ptr<models::ModelFamily> module;  // set by fsdp2_strategy_connect
 };
 
-// fsdp2_model_t: a model, shared with the strategy it is connected to.
+// fsdp2_model_t: a model family (core/models' built-in families or a
+// TorchScript file), shared with the strategy it is connected to.
 struct ModelState {
-  std::shared_ptr<BuiltinModule> module;
+  std::shared_ptr<models::ModelFamily> module;
 };
 
 // fsdp2_dataloader_t: a token file's windows, cut into this rank's batches.

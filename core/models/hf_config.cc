@@ -65,13 +65,19 @@ class Fields {
   std::string where_;
 };
 
-at::ScalarType DtypeOf(const Fields& f, const std::string& field) {
-  const std::string name = f.StringOr(field, "");
+c10::optional<at::ScalarType> FloatDtypeOrNone(const std::string& name) {
   if (name == "float32") return at::kFloat;
   if (name == "bfloat16") return at::kBFloat16;
   if (name == "float16") return at::kHalf;
   if (name == "float64") return at::kDouble;
-  f.Fail(field, "is \"" + name + "\"; supported: float32, bfloat16, float16, float64");
+  return c10::nullopt;
+}
+
+at::ScalarType DtypeOf(const Fields& f, const std::string& field) {
+  const std::string name = f.StringOr(field, "");
+  const c10::optional<at::ScalarType> dtype = FloatDtypeOrNone(name);
+  if (!dtype) f.Fail(field, "is \"" + name + "\"; supported: float32, bfloat16, float16, float64");
+  return *dtype;
 }
 
 // The rotary settings: rope_parameters (transformers 5) or rope_scaling (4),
@@ -148,6 +154,15 @@ void ReadSlidingWindow(const Fields& f, HfLlamaConfig& c) {
 }
 
 }  // namespace
+
+at::ScalarType FloatDtypeOfName(const std::string& name) {
+  const c10::optional<at::ScalarType> dtype = FloatDtypeOrNone(name);
+  if (!dtype) {
+    throw InvalidArgumentError("dtype \"" + name +
+                               "\": known are \"float32\", \"bfloat16\", \"float16\", \"float64\"");
+  }
+  return *dtype;
+}
 
 HfLlamaConfig ParseHfConfig(const std::string& json_text, const std::string& where) {
   json j;

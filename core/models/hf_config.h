@@ -78,6 +78,11 @@ HfLlamaConfig LoadHfConfig(const std::string& dir);
 // transformers 5's form of its fields.
 std::string ToConfigJson(const HfLlamaConfig& config, at::ScalarType dtype);
 
+// "float32", "bfloat16", "float16" or "float64" (as JSON configurations
+// name a floating-point dtype); InvalidArgumentError naming the four
+// otherwise.
+at::ScalarType FloatDtypeOfName(const std::string& name);
+
 // The rotary inverse frequencies, float32 [head_dim / 2], as transformers
 // computes them (in float32, with the config's scaling applied).
 at::Tensor RopeInvFreq(const HfLlamaConfig& config);
