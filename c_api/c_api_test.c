@@ -19,6 +19,8 @@
  *  - Memory statistics on 1 and 2 ranks: the shards add up to the model
  *    (FULL_SHARD) or each rank holds it (NO_SHARD), AdamW's state is twice
  *    the shards, the peaks and their reset.
+ *  - Model sizes that cannot fit are refused at once, naming the field; a
+ *    failed allocation is FSDP2_ERROR_OUT_OF_MEMORY with what to do.
  *
  * Every launch of ranks has a timeout: a hung rank fails the test.
  */
@@ -32,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -404,6 +407,33 @@ static int WorkerMemory(int argc, char** argv) {
   return failures ? 1 : 0;
 }
 
+/* oom: with the address space limited to what the process holds plus
+ * 512 MiB, a model that fits the machine but not that limit fails with
+ * FSDP2_ERROR_OUT_OF_MEMORY and a sentence that says what to do. */
+static int WorkerOom(void) {
+  fsdp2_model_t* m = NULL;
+  struct rlimit limit;
+  long long vm_kb = -1;
+  char line[256];
+  FILE* status = fopen("/proc/self/status", "r");
+  while (status && fgets(line, sizeof(line), status)) {
+    if (strncmp(line, "VmSize:", 7) == 0) vm_kb = atoll(line + 7);
+  }
+  if (status) fclose(status);
+  EXPECT(vm_kb > 0, "no VmSize in /proc/self/status");
+  limit.rlim_cur = limit.rlim_max = (rlim_t)(vm_kb * 1024 + 512LL * 1024 * 1024);
+  EXPECT(setrlimit(RLIMIT_AS, &limit) == 0, "setrlimit: %s", strerror(errno));
+  /* 2e6 x 256 floats: a 2 GB token embedding. */
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"gpt\", \"vocab_size\": 2000000, "
+                                  "\"n_embd\": 256, \"n_head\": 4}", &m),
+               FSDP2_ERROR_OUT_OF_MEMORY, "out of host memory: allocating 2.05 GB failed.");
+  EXPECT(strstr(fsdp2_last_error(), "a smaller model or batch, more ranks") != NULL, "%s",
+         fsdp2_last_error());
+  EXPECT(strstr(fsdp2_last_error(), "enforce fail") == NULL, "%s", fsdp2_last_error());
+  EXPECT(m == NULL, "output written on failure");
+  return failures ? 1 : 0;
+}
+
 /* ------------------------------------------------------------------------
  * Launching ranks of this binary
  * ---------------------------------------------------------------------- */
@@ -687,6 +717,19 @@ static void TestModelErrors(void) {
   EXPECT_ERROR(fsdp2_model_create("{\"family\": \"mlp\", \"hidden\": 0}", &m),
                FSDP2_ERROR_INVALID_ARGUMENT, "positive integer");
   EXPECT(m == NULL, "output written on failure");
+  /* A size whose parameters cannot fit is refused at once, naming the field
+   * and the bytes, instead of building block after block. */
+  {
+    const time_t start = time(NULL);
+    EXPECT_ERROR(fsdp2_model_create("{\"family\": \"gpt\", \"n_layer\": 1000000000}", &m),
+                 FSDP2_ERROR_INVALID_ARGUMENT, "\"n_layer\" = 1000000000 makes 5e+13 parameters");
+    EXPECT(strstr(fsdp2_last_error(), "(200 TB in float32), more than the") != NULL, "%s",
+           fsdp2_last_error());
+    EXPECT_ERROR(fsdp2_model_create("{\"family\": \"mlp\", \"depth\": 1000000000}", &m),
+                 FSDP2_ERROR_INVALID_ARGUMENT, "\"depth\" = 1000000000 makes");
+    EXPECT(time(NULL) - start < 10, "refusing took %d s", (int)(time(NULL) - start));
+    EXPECT(m == NULL, "output written on failure");
+  }
   EXPECT_ERROR(fsdp2_model_load_torchscript("/nonexistent/model.pt", "mse", &m), FSDP2_ERROR_IO,
                "does not exist");
   EXPECT_ERROR(fsdp2_model_load_torchscript("/nonexistent/model.pt", "hinge", &m),
@@ -701,6 +744,17 @@ static void TestModelErrors(void) {
   fsdp2_model_destroy(m);
   EXPECT_ERROR(fsdp2_model_num_parameters(m, &tensors, &elements), FSDP2_ERROR_INVALID_HANDLE,
                "destroyed");
+}
+
+/* A failed allocation is OUT_OF_MEMORY with a sentence a user can act on
+ * (WorkerOom, in a process of its own: it limits its address space).
+ * AddressSanitizer's allocator aborts instead of failing: not under it. */
+static void TestOutOfMemory(void) {
+#if defined(__SANITIZE_ADDRESS__)
+  printf("TestOutOfMemory: skipped under AddressSanitizer\n");
+#else
+  EXPECT(LaunchRanks(1, "oom", NULL, 0, 120) == 0, "the out-of-memory worker failed");
+#endif
 }
 
 static void TestHandlesAndOrder(void) {
@@ -1346,6 +1400,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[2], "resume") == 0) return WorkerResume(argc - 3, argv + 3);
     if (strcmp(argv[2], "loader") == 0) return WorkerLoader(argc - 3, argv + 3);
     if (strcmp(argv[2], "memory") == 0) return WorkerMemory(argc - 3, argv + 3);
+    if (strcmp(argv[2], "oom") == 0) return WorkerOom();
     fprintf(stderr, "unknown scenario %s\n", argv[2]);
     return 2;
   }
@@ -1358,6 +1413,7 @@ int main(int argc, char** argv) {
   TestVersionAndStatus();
   TestOptionErrors();
   TestModelErrors();
+  TestOutOfMemory();
   TestHandlesAndOrder();
   unsetenv("FSDP2_STORE_PATH");
   {

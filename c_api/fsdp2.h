@@ -416,7 +416,11 @@ typedef struct fsdp2_strategy fsdp2_strategy_t;
  *    (INVALID_ARGUMENT naming the field); a missing, extra or mis-shaped
  *    tensor fails fsdp2_strategy_parallelize (IO, naming it) before any
  *    parameter is written.
- * Omitted sizes take the values shown. Parameters are initialised from the
+ * Omitted sizes take the values shown. Sizes whose parameters cannot fit in
+ * this machine's memory (its physical memory, or its cgroup's limit) are
+ * refused before anything is built: INVALID_ARGUMENT naming the field and
+ * the bytes. An allocation that fails is FSDP2_ERROR_OUT_OF_MEMORY.
+ * Parameters are initialised from the
  * global generator: create the model after fsdp2_strategy_setup_environment
  * (which seeds every rank alike) so every rank starts equal.
  * Each transformer/residual block becomes one FSDP unit, then the root. */
@@ -427,7 +431,8 @@ FSDP2_API fsdp2_status_t fsdp2_model_create(const char* config_json,
  * tensor_init_context(): the parameters take no memory until
  * fsdp2_strategy_parallelize, which gives each rank only its rows of them,
  * with values bit-identical to fsdp2_model_create after the same seed. So a
- * model larger than one rank's memory can be built. After
+ * model larger than one rank's memory can be built (the size refused is
+ * one whose parameters divided over the ranks do not fit). After
  * setup_environment; not with tensor_parallel_size > 1 (parallelize says
  * so). */
 FSDP2_API fsdp2_status_t fsdp2_model_create_deferred(fsdp2_strategy_t* strategy,

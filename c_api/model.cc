@@ -35,7 +35,8 @@ fsdp2_status_t fsdp2_model_create_deferred(fsdp2_strategy_t* strategy, const cha
   auto state = std::make_shared<ModelState>();
   {
     auto deferred = s->strategy->tensor_init_context();  // until the model is built
-    state->module = fsdp2::models::CreateModelFamily(config_json);
+    // Each rank will keep its part of the parameters.
+    state->module = fsdp2::models::CreateModelFamily(config_json, s->strategy->world()->size());
   }
   *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
   FSDP2_API_END

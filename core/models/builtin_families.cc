@@ -12,6 +12,7 @@
 #include "core/models/hf_config.h"
 #include "core/models/llama_module.h"
 #include "core/models/mlp_module.h"
+#include "core/models/model_size.h"
 #include "core/strategy/hf_model.h"
 
 namespace fsdp2 {
@@ -213,7 +214,7 @@ class MLPFamily : public ModelFamily {
 
 }  // namespace
 
-std::shared_ptr<ModelFamily> CreateModelFamily(const std::string& text) {
+std::shared_ptr<ModelFamily> CreateModelFamily(const std::string& text, int64_t shards) {
   nlohmann::json config;
   try {
     config = nlohmann::json::parse(text);
@@ -246,6 +247,7 @@ std::shared_ptr<ModelFamily> CreateModelFamily(const std::string& text) {
                {"n_head", &c.n_head},
                {"n_embd", &c.n_embd}});
     c.Validate();
+    RequireFits("model \"gpt\"", c, shards, MachineMemoryBytes());
     return std::make_shared<GPTFamily>(c);
   }
   if (family == "mlp") {
@@ -255,6 +257,7 @@ std::shared_ptr<ModelFamily> CreateModelFamily(const std::string& text) {
                {"hidden", &c.hidden},
                {"out_features", &c.out_features},
                {"depth", &c.depth}});
+    RequireFits("model \"mlp\"", c, shards, MachineMemoryBytes());
     return std::make_shared<MLPFamily>(c);
   }
   if (family == "hf") {
@@ -275,8 +278,11 @@ std::shared_ptr<ModelFamily> CreateModelFamily(const std::string& text) {
     if (path.empty()) {
       throw InvalidArgumentError("model \"hf\" needs \"path\": the checkpoint's directory");
     }
+    HfLlamaConfig hf = LoadHfConfig(path);
+    RequireFits("model \"hf\" (" + path + "/config.json)", hf, dtype.value_or(at::kFloat),
+                shards, MachineMemoryBytes());
     return std::make_shared<HfFamily>(
-        LlamaModule::FromPretrained(path, strategy::OptimizerOptions{}, dtype));
+        std::make_shared<LlamaModule>(hf, strategy::OptimizerOptions{}, dtype, path));
   }
   throw InvalidArgumentError("unknown model family \"" + family +
                               "\" (known: gpt, mlp, hf; TorchScript files load with "

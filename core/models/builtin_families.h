@@ -17,6 +17,7 @@
 #ifndef FSDP2_CORE_MODELS_BUILTIN_FAMILIES_H_
 #define FSDP2_CORE_MODELS_BUILTIN_FAMILIES_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -30,9 +31,15 @@ namespace models {
 // Omitted sizes take GPTConfig's / MLPConfig's defaults. Throws
 // InvalidArgumentError for bad JSON, an unknown family or key, or a value
 // out of range, naming the key; for "hf", the checkpoint's errors
-// (LlamaModule::FromPretrained). The parameters come from the default
+// (LoadHfConfig, LlamaModule). A configuration whose parameters cannot fit
+// is refused before anything is built (InvalidArgumentError naming the
+// field and the bytes; model_size.h): the parameters, divided over
+// `shards` ranks, must fit in MachineMemoryBytes(). `shards` is 1 for a
+// model built whole; for a deferred build, the ranks that will each keep
+// their part (the world size). The parameters come from the default
 // generator (under a DeferredInitGuard they are deferred).
-std::shared_ptr<ModelFamily> CreateModelFamily(const std::string& config_json);
+std::shared_ptr<ModelFamily> CreateModelFamily(const std::string& config_json,
+                                               int64_t shards = 1);
 
 }  // namespace models
 }  // namespace fsdp2
