@@ -21,11 +21,15 @@
  *    the shards, the peaks and their reset.
  *  - Model sizes that cannot fit are refused at once, naming the field; a
  *    failed allocation is FSDP2_ERROR_OUT_OF_MEMORY with what to do.
+ *  - Several strategies in one process (one made while another lives, one
+ *    after both are gone) train alike, in this process and on 2 ranks
+ *    meeting over TCP.
  *
  * Every launch of ranks has a timeout: a hung rank fails the test.
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -34,7 +38,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -134,17 +140,22 @@ static fsdp2_strategy_t* NewStrategy(const char* json) {
   return s;
 }
 
-/* Connects a fresh GPT (AdamW, lr 1e-2) and parallelizes. The caller's
- * model handle is released at once: the strategy keeps its reference. */
-static void ConnectGpt(fsdp2_strategy_t* s) {
-  fsdp2_model_t* model = NULL;
+/* Connects `model` (AdamW, lr 1e-2, weight decay 0.1) and parallelizes. */
+static void ConnectModel(fsdp2_strategy_t* s, fsdp2_model_t* model) {
   fsdp2_optimizer_options_t opt;
   fsdp2_optimizer_options_init(&opt);
   CHECK_OK(fsdp2_optimizer_options_from_json("{\"lr\": 0.01, \"weight_decay\": 0.1}", &opt));
-  CHECK_OK(fsdp2_model_create(kGpt, &model));
   CHECK_OK(fsdp2_strategy_connect(s, model, &opt));
-  fsdp2_model_destroy(model);
   CHECK_OK(fsdp2_strategy_parallelize(s));
+}
+
+/* Connects a fresh GPT and parallelizes. The caller's model handle is
+ * released at once: the strategy keeps its reference. */
+static void ConnectGpt(fsdp2_strategy_t* s) {
+  fsdp2_model_t* model = NULL;
+  CHECK_OK(fsdp2_model_create(kGpt, &model));
+  ConnectModel(s, model);
+  fsdp2_model_destroy(model);
 }
 
 static double TrainStep(fsdp2_strategy_t* s, int64_t step, int accumulate, double clip) {
@@ -407,6 +418,48 @@ static int WorkerMemory(int argc, char** argv) {
   return failures ? 1 : 0;
 }
 
+/* strategies OUT: a strategy trains 2 steps, a second made while the first
+ * lives trains 2, the first a third, and a third strategy made after both
+ * are destroyed (the first's model handle still held, as a notebook holds
+ * its variables) trains 3. Writes their 8 losses in that order, one a
+ * line. */
+static int WorkerStrategies(int argc, char** argv) {
+  const char* json = "{\"precision\": \"fp32\", \"seed\": 7}";
+  fsdp2_strategy_t* a = NewStrategy(json);
+  fsdp2_strategy_t* b;
+  fsdp2_strategy_t* c;
+  fsdp2_model_t* kept = NULL;
+  double first[3], second[2], third[3];
+  int32_t rank = 0;
+  int i;
+  FILE* out;
+  (void)argc;
+  CHECK_OK(fsdp2_model_create(kGpt, &kept));
+  ConnectModel(a, kept);
+  first[0] = TrainStep(a, 0, 1, 0);
+  first[1] = TrainStep(a, 1, 1, 0);
+  b = NewStrategy(json);
+  ConnectGpt(b);
+  second[0] = TrainStep(b, 0, 1, 0);
+  second[1] = TrainStep(b, 1, 1, 0);
+  first[2] = TrainStep(a, 2, 1, 0);
+  fsdp2_strategy_destroy(b);
+  fsdp2_strategy_destroy(a);
+  c = NewStrategy(json);
+  ConnectGpt(c);
+  for (i = 0; i < 3; ++i) third[i] = TrainStep(c, i, 1, 0);
+  CHECK_OK(fsdp2_strategy_rank_info(c, &rank, NULL, NULL, NULL));
+  if (rank == 0) {
+    out = fopen(argv[0], "w");
+    fprintf(out, "%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n", first[0],
+            first[1], first[2], second[0], second[1], third[0], third[1], third[2]);
+    fclose(out);
+  }
+  fsdp2_strategy_destroy(c);
+  fsdp2_model_destroy(kept);
+  return 0;
+}
+
 /* oom: with the address space limited to what the process holds plus
  * 512 MiB, a model that fits the machine but not that limit fails with
  * FSDP2_ERROR_OUT_OF_MEMORY and a sentence that says what to do. */
@@ -458,7 +511,14 @@ static int LaunchRanks(int world, const char* scenario, const char* const* args,
       setenv("RANK", rank_text, 1);
       setenv("LOCAL_RANK", rank_text, 1);
       setenv("WORLD_SIZE", world_text, 1);
-      setenv("FSDP2_STORE_PATH", store, 1);
+      if (getenv("FSDP2_TEST_TCP_PORT")) {
+        /* Rendezvous at MASTER_ADDR:MASTER_PORT: rank 0 serves the store. */
+        unsetenv("FSDP2_STORE_PATH");
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", getenv("FSDP2_TEST_TCP_PORT"), 1);
+      } else {
+        setenv("FSDP2_STORE_PATH", store, 1);
+      }
       setenv("OMP_NUM_THREADS", "1", 1);
       argv[0] = "c_api_test";
       argv[1] = "--worker";
@@ -1221,6 +1281,65 @@ static void TestEquivalence(void) {
   }
 }
 
+/* A TCP port nobody listens on now. */
+static int FreePort(void) {
+  struct sockaddr_in addr;
+  socklen_t len = sizeof(addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+  memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && bind(fd, (struct sockaddr*)&addr, sizeof(addr)) == 0 &&
+      getsockname(fd, (struct sockaddr*)&addr, &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  EXPECT(port > 0, "no free TCP port: %s", strerror(errno));
+  return port;
+}
+
+/* Several strategies in one process (a notebook, a sweep): one made while
+ * another lives, and one after both are gone, train as the first did, in
+ * this process (one rank, no launcher: no port) and on 2 ranks meeting
+ * over TCP (rank 0 serves the store for all three). */
+static void TestStrategiesInOneProcess(void) {
+  static const int worlds[] = {1, 2};
+  int w;
+  for (w = 0; w < 2; ++w) {
+    char out[600], port[16];
+    const char* args[1];
+    double v[16];
+    int n, i;
+    snprintf(out, sizeof(out), "%s/strategies.%d.txt", tmpdir, worlds[w]);
+    args[0] = out;
+    if (worlds[w] == 1) {
+      /* In this process, as a notebook runs it: no launcher variables. */
+      char* argv[2];
+      argv[0] = out;
+      argv[1] = NULL;
+      EXPECT(WorkerStrategies(1, argv) == 0, "strategies in this process failed");
+    } else {
+      snprintf(port, sizeof(port), "%d", FreePort());
+      setenv("FSDP2_TEST_TCP_PORT", port, 1);
+      EXPECT(LaunchRanks(worlds[w], "strategies", args, 1, 240) == 0,
+             "strategies on %d ranks over TCP failed", worlds[w]);
+      unsetenv("FSDP2_TEST_TCP_PORT");
+    }
+    n = ReadValues(out, v, 16, 0);
+    EXPECT(n == 8, "%d ranks: %d losses", worlds[w], n);
+    if (n != 8) continue;
+    for (i = 0; i < 2; ++i) {
+      EXPECT(v[3 + i] == v[i], "%d ranks: the second strategy's step %d: %.17g, the first's %.17g",
+             worlds[w], i, v[3 + i], v[i]);
+    }
+    for (i = 0; i < 3; ++i) {
+      EXPECT(v[5 + i] == v[i], "%d ranks: the third strategy's step %d: %.17g, the first's %.17g",
+             worlds[w], i, v[5 + i], v[i]);
+    }
+    EXPECT(v[2] < v[0], "%d ranks: the first strategy stopped learning", worlds[w]);
+  }
+}
+
 /* Every sharding strategy, and bf16 mixed precision, through the C ABI
  * against the 1-rank fp32 run of TestEquivalence. */
 static void TestStrategiesAndPrecision(void) {
@@ -1401,6 +1520,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[2], "loader") == 0) return WorkerLoader(argc - 3, argv + 3);
     if (strcmp(argv[2], "memory") == 0) return WorkerMemory(argc - 3, argv + 3);
     if (strcmp(argv[2], "oom") == 0) return WorkerOom();
+    if (strcmp(argv[2], "strategies") == 0) return WorkerStrategies(argc - 3, argv + 3);
     fprintf(stderr, "unknown scenario %s\n", argv[2]);
     return 2;
   }
@@ -1425,6 +1545,7 @@ int main(int argc, char** argv) {
   unsetenv("FSDP2_STORE_PATH");
   TestDeferredModel();
   TestHfCheckpoint();
+  TestStrategiesInOneProcess();
   TestEquivalence();
   TestStrategiesAndPrecision();
   TestCheckpointResume();
