@@ -329,7 +329,9 @@ typedef struct fsdp2_strategy_options {
    * parameters, or glob patterns over them (fnmatch's *, ?, [...]; * also
    * matches dots), separated by commas: "lm_head.weight,*.bias". Each stays
    * whole on every rank (its full size in memory on each), never sharded,
-   * all-gathered, cast to bf16 or reduced by FSDP. A pattern that matches
+   * all-gathered or reduced by FSDP. Under BF16 precision each is cast to
+   * bf16 with its block for its forward and backward, its value, gradient
+   * and optimizer state staying in its own dtype. A pattern that matches
    * no parameter fails fsdp2_strategy_parallelize (INVALID_ARGUMENT). */
   const char* ignored_params;
   /* 1: backward all-reduces the ignored parameters' gradients over the

@@ -202,7 +202,10 @@ struct FSDP2StrategyOptions {
   // over those names ("lm_head.*", "*.bias": fnmatch's *, ? and [...]; *
   // matches dots too). Each stays whole on every rank (its full size in
   // memory per rank, none of its all-gathers or reductions), never sharded,
-  // gathered, cast to param_dtype or reduced by FSDP. Their gradients are
+  // gathered or reduced by FSDP. Under mp_policy (the default bf16 one
+  // too) each is cast with its unit: the unit's forward and backward see a
+  // param_dtype copy, while its value, gradient and optimizer state stay
+  // in its own dtype (fsdp::FSDPOptions::ignored_params). Their gradients are
   // the caller's (ignored_params_all_reduce false, PyTorch's behaviour:
   // each rank keeps its own, and the ranks' copies drift apart unless the
   // caller reduces them) or all-reduced by backward() over the

@@ -122,8 +122,9 @@ public final class FSDP2Strategy extends Handle {
 
     /**
      * Parameters kept out of sharding: names or glob patterns ("lm_head.*").
-     * Each stays whole on every rank, never sharded, gathered, cast or reduced.
-     * allReduce: backward all-reduces their gradients (training equals one
+     * Each stays whole on every rank, never sharded, gathered or reduced; under
+     * bf16 it is cast with its block for the block's forward and backward, its
+     * value and gradient staying in its own dtype. allReduce: backward all-reduces their gradients (training equals one
      * process); false, as in PyTorch: each rank keeps its own.
      */
     public Builder ignoredParams(boolean allReduce, String... patterns) {
