@@ -9,6 +9,6 @@ a new x.y.0) and that CHANGELOG.md has its section. FSDP2_SOVERSION is the
 ABI's major number (FSDP2_ABI_VERSION_MAJOR), the library's soname suffix.
 """
 
-FSDP2_VERSION = "1.8.0"
+FSDP2_VERSION = "1.9.0"
 
 FSDP2_SOVERSION = "1"

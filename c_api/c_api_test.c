@@ -21,6 +21,8 @@
  *    the shards, the peaks and their reset.
  *  - Model sizes that cannot fit are refused at once, naming the field; a
  *    failed allocation is FSDP2_ERROR_OUT_OF_MEMORY with what to do.
+ *  - Explicit unshard (asynchronous, with its handle) and reshard by module
+ *    name: errors, handles, and 2-rank training bit for bit unchanged.
  *  - Several strategies in one process (one made while another lives, one
  *    after both are gone) train alike, in this process and on 2 ranks
  *    meeting over TCP.
@@ -208,6 +210,42 @@ static void WriteParameter(fsdp2_strategy_t* s, const char* name, FILE* out) {
  * Worker scenarios (one rank each)
  * ---------------------------------------------------------------------- */
 
+static int64_t UnshardedBytes(fsdp2_strategy_t* s) {
+  fsdp2_memory_stats_t stats;
+  fsdp2_memory_stats_init(&stats);
+  CHECK_OK(fsdp2_strategy_memory_stats(s, &stats));
+  return stats.unsharded_param_bytes;
+}
+
+/* Before a step (with FSDP2_TEST_UNSHARD): gathers blocks.1 ahead of the
+ * forward, asynchronously and waited for, then the root synchronously;
+ * on odd steps frees blocks.1 again (and gathers nothing more), so the
+ * step's forward gathers it itself. The gathered copies show in the
+ * memory statistics (more than one rank: FULL_SHARD gathers). */
+static void ExplicitUnshard(fsdp2_strategy_t* s, int step) {
+  fsdp2_unshard_handle_t* handle = NULL;
+  int32_t world = 1;
+  int64_t before, gathered;
+  CHECK_OK(fsdp2_strategy_rank_info(s, NULL, &world, NULL, NULL));
+  before = UnshardedBytes(s);
+  CHECK_OK(fsdp2_strategy_unshard(s, "blocks.1", 1, &handle));
+  CHECK_OK(fsdp2_unshard_handle_wait(handle));
+  CHECK_OK(fsdp2_unshard_handle_wait(handle)); /* a second wait does nothing */
+  fsdp2_unshard_handle_destroy(handle);
+  gathered = UnshardedBytes(s);
+  EXPECT(world == 1 || gathered > before, "step %d: unshard gathered nothing (%lld -> %lld)",
+         step, (long long)before, (long long)gathered);
+  CHECK_OK(fsdp2_strategy_unshard(s, "", 0, NULL));
+  EXPECT(world == 1 || UnshardedBytes(s) > gathered, "step %d: the root was not gathered", step);
+  if (step % 2 == 1) {
+    CHECK_OK(fsdp2_strategy_reshard(s, "blocks.1"));
+    CHECK_OK(fsdp2_strategy_reshard(s, "blocks.1")); /* sharded already: nothing */
+    CHECK_OK(fsdp2_strategy_reshard(s, ""));
+    EXPECT(UnshardedBytes(s) == before, "step %d: reshard left %lld bytes (before: %lld)", step,
+           (long long)UnshardedBytes(s), (long long)before);
+  }
+}
+
 /* train STEPS ACCUM CLIP OUT [CKPT]: losses, then parameters, to OUT
  * (rank 0 writes); saves a sharded checkpoint to CKPT if given. */
 static int WorkerTrain(int argc, char** argv) {
@@ -223,7 +261,9 @@ static int WorkerTrain(int argc, char** argv) {
   CHECK_OK(fsdp2_strategy_rank_info(s, &rank, NULL, NULL, NULL));
   if (rank == 0) out = fopen(argv[3], "w");
   for (step = 0; step < steps; ++step) {
-    double loss = TrainStep(s, step, accumulate, clip);
+    double loss;
+    if (getenv("FSDP2_TEST_UNSHARD")) ExplicitUnshard(s, step);
+    loss = TrainStep(s, step, accumulate, clip);
     if (out) fprintf(out, "loss %.9g\n", loss);
   }
   if (argc > 4) CHECK_OK(fsdp2_strategy_save_checkpoint(s, argv[4]));
@@ -234,7 +274,7 @@ static int WorkerTrain(int argc, char** argv) {
   fclose(out);
   CHECK_OK(fsdp2_strategy_barrier(s));
   fsdp2_strategy_destroy(s);
-  return 0;
+  return failures ? 1 : 0;
 }
 
 /* resume CKPT STEPS OUT: loads CKPT, trains up to STEPS total, writes the
@@ -1281,6 +1321,76 @@ static void TestEquivalence(void) {
   }
 }
 
+/* Explicit unshard and reshard through the C ABI: errors and handles in
+ * this process; on 2 ranks, gathering blocks ahead of the steps (and
+ * freeing them again on odd steps) changes no bit of the losses and
+ * parameters of TestEquivalence's 2-rank run. */
+static void TestUnshardReshard(void) {
+  fsdp2_strategy_t* s = NewStrategy("{\"precision\": \"bf16\"}");
+  fsdp2_unshard_handle_t* handle = NULL;
+  fsdp2_model_t* m = NULL;
+  double reference[4096], values[4096];
+  char ref_path[600], out[600];
+  const char* args[4];
+  int n_ref, n, i;
+  double worst = 0;
+  EXPECT_ERROR(fsdp2_strategy_unshard(s, "blocks.0", 0, &handle), FSDP2_ERROR_WRONG_ORDER,
+               "fsdp2_strategy_parallelize first");
+  EXPECT_ERROR(fsdp2_strategy_reshard(s, "blocks.0"), FSDP2_ERROR_WRONG_ORDER, "parallelize");
+  CHECK_OK(fsdp2_model_create(kGpt, &m));
+  CHECK_OK(fsdp2_strategy_connect(s, m, NULL));
+  CHECK_OK(fsdp2_strategy_parallelize(s));
+  EXPECT_ERROR(fsdp2_strategy_unshard(NULL, "blocks.0", 0, &handle), FSDP2_ERROR_INVALID_HANDLE,
+               "NULL");
+  EXPECT_ERROR(fsdp2_strategy_unshard((fsdp2_strategy_t*)m, "blocks.0", 0, &handle),
+               FSDP2_ERROR_INVALID_HANDLE, "expected a fsdp2_strategy_t");
+  EXPECT_ERROR(fsdp2_strategy_unshard(s, NULL, 0, &handle), FSDP2_ERROR_INVALID_ARGUMENT,
+               "module is NULL");
+  EXPECT_ERROR(fsdp2_strategy_unshard(s, "blocks.0", 2, &handle), FSDP2_ERROR_INVALID_ARGUMENT,
+               "async_op must be 0");
+  EXPECT_ERROR(fsdp2_strategy_unshard(s, "blocks.7", 1, &handle), FSDP2_ERROR_INVALID_ARGUMENT,
+               "'blocks.7', which is not a module of the model");
+  EXPECT_ERROR(fsdp2_strategy_reshard(s, "blocks.0.attn"), FSDP2_ERROR_INVALID_ARGUMENT,
+               "'blocks.0.attn', which is not a sharded module");
+  EXPECT(handle == NULL, "output written on failure");
+  EXPECT_ERROR(fsdp2_unshard_handle_wait(NULL), FSDP2_ERROR_INVALID_HANDLE, "NULL");
+  fsdp2_unshard_handle_destroy(NULL);
+  /* bf16 on one rank: unsharding casts a compute copy, which shows. */
+  EXPECT(UnshardedBytes(s) == 0, "unsharded bytes before any unshard: %lld",
+         (long long)UnshardedBytes(s));
+  CHECK_OK(fsdp2_strategy_unshard(s, "blocks.0", 1, &handle));
+  CHECK_OK(fsdp2_unshard_handle_wait(handle));
+  EXPECT(UnshardedBytes(s) > 0, "blocks.0 was not unsharded");
+  EXPECT_ERROR(fsdp2_unshard_handle_wait((fsdp2_unshard_handle_t*)m), FSDP2_ERROR_INVALID_HANDLE,
+               "expected a fsdp2_unshard_handle_t");
+  CHECK_OK(fsdp2_strategy_reshard(s, "blocks.0"));
+  EXPECT(UnshardedBytes(s) == 0, "reshard left %lld bytes", (long long)UnshardedBytes(s));
+  /* The handle outlives the strategy and the model harmlessly. */
+  fsdp2_model_destroy(m);
+  fsdp2_strategy_destroy(s);
+  CHECK_OK(fsdp2_unshard_handle_wait(handle));
+  fsdp2_unshard_handle_destroy(handle);
+  EXPECT_ERROR(fsdp2_unshard_handle_wait(handle), FSDP2_ERROR_INVALID_HANDLE, "not live");
+
+  /* TestEquivalence's plain run on 2 ranks: the same bits are expected. */
+  snprintf(ref_path, sizeof(ref_path), "%s/train.2.txt", tmpdir);
+  n_ref = ReadValues(ref_path, reference, 4096, 0);
+  EXPECT(n_ref > 4, "no 2-rank run to compare with (%d values)", n_ref);
+  snprintf(out, sizeof(out), "%s/unshard.txt", tmpdir);
+  args[0] = "4"; args[1] = "2"; args[2] = "0.5"; args[3] = out;
+  setenv("FSDP2_TEST_UNSHARD", "1", 1);
+  EXPECT(LaunchRanks(2, "train", args, 4, 240) == 0, "explicit unshard on 2 ranks failed");
+  unsetenv("FSDP2_TEST_UNSHARD");
+  n = ReadValues(out, values, 4096, 0);
+  EXPECT(n == n_ref, "%d values, the plain 2-rank run %d", n, n_ref);
+  for (i = 0; i < n && i < n_ref; ++i) {
+    const double d = fabs(values[i] - reference[i]);
+    if (d > worst) worst = d;
+  }
+  EXPECT(worst == 0, "explicit unshard on 2 ranks differs from the plain run by %g", worst);
+  printf("explicit unshard/reshard on 2 ranks vs the plain run: worst difference %.3g\n", worst);
+}
+
 /* A TCP port nobody listens on now. */
 static int FreePort(void) {
   struct sockaddr_in addr;
@@ -1547,6 +1657,7 @@ int main(int argc, char** argv) {
   TestHfCheckpoint();
   TestStrategiesInOneProcess();
   TestEquivalence();
+  TestUnshardReshard();
   TestStrategiesAndPrecision();
   TestCheckpointResume();
   TestTokenLoader();

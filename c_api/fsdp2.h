@@ -28,7 +28,8 @@
  *    (per thread, valid until this thread's next failed call). No C++
  *    exception ever crosses this boundary, and a failed call leaves its
  *    output arguments unchanged.
- *  - Handles are opaque. Each *_create has a *_destroy that accepts NULL.
+ *  - Handles are opaque. Each *_create (and fsdp2_strategy_unshard, whose
+ *    handle is an all-gather in flight) has a *_destroy that accepts NULL.
  *    A destroyed or never-created handle passed to any function gives
  *    FSDP2_ERROR_INVALID_HANDLE (handles are never reused), never a crash.
  *  - Ownership is written on every function: "borrowed" inputs are only
@@ -75,15 +76,15 @@ extern "C" {
 /* Bumped by every compatible addition (new functions, fields appended to an
  * option struct); a library of the same major and a minor at least the
  * header's has everything the header declares. */
-#define FSDP2_ABI_VERSION_MINOR 8 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists; 1.8: Hugging Face Llama-family checkpoints, frozen parameters */
-/* Major and minor as one number, major * 1000 + minor (1008 for 1.8): the
+#define FSDP2_ABI_VERSION_MINOR 9 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists; 1.8: Hugging Face Llama-family checkpoints, frozen parameters; 1.9: explicit unshard (async handles) and reshard */
+/* Major and minor as one number, major * 1000 + minor (1009 for 1.9): the
  * value fsdp2_abi_version() returns, so a caller can compare the two. */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
 
 /* The release version, the one in //:version.bzl (which also names the
  * wheel, the jar and the pkg-config/CMake files; packaging/version_test.sh
  * checks that the two agree). */
-#define FSDP2_VERSION "1.8.0"
+#define FSDP2_VERSION "1.9.0"
 
 /* ------------------------------------------------------------------------
  * Status, errors, version, memory
@@ -115,7 +116,7 @@ FSDP2_API const char* fsdp2_status_name(int32_t status);
  * a header/library mismatch. */
 FSDP2_API int32_t fsdp2_abi_version(void);
 
-/* The library's version and build, e.g. "fsdp2 1.8.0 (LibTorch 2.11.0, cuda)".
+/* The library's version and build, e.g. "fsdp2 1.9.0 (LibTorch 2.11.0, cuda)".
  * Static storage. */
 FSDP2_API const char* fsdp2_version_string(void);
 
@@ -758,6 +759,48 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_memory_stats(const fsdp2_strategy_t* str
 /* Local: both peaks restart from now. After parallelize. FSDP2_ERROR_IO (and
  * nothing reset) if /proc/self/clear_refs cannot be written. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_reset_peak_memory_stats(fsdp2_strategy_t* strategy);
+
+/* Explicit unshard and reshard (since ABI 1.9), as PyTorch's
+ * FSDPModule.unshard(async_op) and reshard(): gather one sharded module's
+ * parameters ahead of its forward (to overlap the all-gather with work of
+ * the caller's own), or free them. `module` (borrowed) is the module's name
+ * as the model names its modules ("blocks.0"; "" is the root) and must be
+ * sharded (an FSDP unit: each transformer/residual block and the root of a
+ * built-in family; a TorchScript file's wrapped submodules and its root).
+ * An unknown or unsharded name is INVALID_ARGUMENT naming it; before
+ * fsdp2_strategy_parallelize, WRONG_ORDER. Both are collective over the
+ * module's shard group: every rank makes the same calls in the same
+ * order. */
+
+/* An all-gather started by fsdp2_strategy_unshard: wait for it with
+ * fsdp2_unshard_handle_wait, free it with fsdp2_unshard_handle_destroy. */
+typedef struct fsdp2_unshard_handle fsdp2_unshard_handle_t;
+
+/* Collective. All-gathers the parameters of the sharded module `module`;
+ * its next forward finds them gathered and reshards after it as the
+ * strategy's options say. async_op 0: returns when they are gathered; 1:
+ * returns at once with the all-gather in flight, which
+ * fsdp2_unshard_handle_wait, the module's forward or fsdp2_strategy_reshard
+ * completes. Anything else: INVALID_ARGUMENT. `out` (may be NULL) receives
+ * a new caller-owned handle on the all-gather (after a synchronous call it
+ * has nothing left to wait for); destroy it with
+ * fsdp2_unshard_handle_destroy. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_unshard(fsdp2_strategy_t* strategy, const char* module,
+                                                int32_t async_op, fsdp2_unshard_handle_t** out);
+
+/* Waits for the handle's all-gather: the module's parameters are then
+ * whole. Once: later calls, and calls after the module's forward, its
+ * reshard or the strategy's end, return FSDP2_OK at once. */
+FSDP2_API fsdp2_status_t fsdp2_unshard_handle_wait(fsdp2_unshard_handle_t* handle);
+
+/* Frees the handle without waiting (the module's forward or reshard still
+ * completes the all-gather). Accepts NULL. */
+FSDP2_API void fsdp2_unshard_handle_destroy(fsdp2_unshard_handle_t* handle);
+
+/* Collective. Frees the gathered parameters of the sharded module
+ * `module`, waiting for an all-gather in flight first; nothing when they
+ * are sharded. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_reshard(fsdp2_strategy_t* strategy, const char* module);
 
 /* Collective. Waits until every rank arrives. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_barrier(fsdp2_strategy_t* strategy);

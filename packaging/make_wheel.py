@@ -1,7 +1,7 @@
 """Writes fsdp2's wheel (PEP 427) from built files, with no network.
 
-    make_wheel.py --out fsdp2-1.8.0-cp311-cp311-linux_x86_64.whl \
-        --version 1.8.0 --readme README.md fsdp2/__init__.py=SRC ...
+    make_wheel.py --out fsdp2-1.9.0-cp311-cp311-linux_x86_64.whl \
+        --version 1.9.0 --readme README.md fsdp2/__init__.py=SRC ...
 
 Each ARCHIVE_PATH=SRC pair puts file SRC into the wheel at ARCHIVE_PATH;
 the .dist-info (METADATA, WHEEL, top_level.txt, RECORD with sha256 digests)
