@@ -121,7 +121,7 @@ def version():
 
 def abi_version():
     """The loaded library's C ABI version as one int, major * 1000 + minor
-    (1008 for ABI 1.8; fsdp2_abi_version). Importing fsdp2 already raises
+    (1009 for ABI 1.9; fsdp2_abi_version). Importing fsdp2 already raises
     ImportError when it does not fit the bindings."""
     return _c.fsdp2_abi_version()
 
@@ -346,6 +346,23 @@ class TokenDataLoader(_Handle):
         _c.fsdp2_dataloader_set_epoch(self.handle, int(epoch))
 
 
+class UnshardHandle(_Handle):
+    """An all-gather started by FSDP2Strategy.unshard(module, async_op=True),
+    as PyTorch's FSDPModule.unshard returns: wait() completes it (the
+    module's forward, or reshard(), would too)."""
+
+    _destroy = staticmethod(_c.fsdp2_unshard_handle_destroy)
+
+    def wait(self):
+        """Waits for the all-gather: the module's parameters are then whole.
+        Frees the handle (a handle waits once; close() frees one without
+        waiting). InvalidHandleError once closed."""
+        try:
+            _c.fsdp2_unshard_handle_wait(self.handle)
+        finally:
+            self.close()
+
+
 #: The keys of FSDP2Strategy.memory_stats(), in the C struct's order.
 MEMORY_STATS = (
     "sharded_param_bytes", "sharded_grad_bytes", "optimizer_state_bytes",
@@ -382,8 +399,10 @@ class FSDP2Strategy(_Handle):
     (0: the data-parallel size, i.e. the mean; 1: the sum),
     ignored_params (a list of parameter names or glob patterns such as
     "lm_head.*", or one comma-separated string: those stay whole on every
-    rank, never sharded, gathered, cast or reduced; their full size is held
-    on each rank) with ignored_params_all_reduce (True: backward all-reduces
+    rank, never sharded, gathered or reduced; their full size is held on
+    each rank; under bf16 each is cast with its block for its forward and
+    backward, its value and gradient staying in its own dtype) with
+    ignored_params_all_reduce (True: backward all-reduces
     their gradients so training equals one process; False, the default as in
     PyTorch: each rank keeps its own and the ranks drift apart), and
     forward_prefetch_modules / backward_prefetch_modules (a dict from a
@@ -683,6 +702,31 @@ class FSDP2Strategy(_Handle):
             return
         for name, value in state.items():
             self.set_parameter(name, value)
+
+    # -- explicit unshard and reshard ------------------------------------
+    def unshard(self, module, async_op=False):
+        """Collective over the module's shard group: all-gathers the
+        parameters of the sharded module named `module` (as the model names
+        its modules: "blocks.0"; "" is the root) ahead of its forward, which
+        then finds them gathered and reshards after it as configured
+        (PyTorch's FSDPModule.unshard). async_op=False returns once they are
+        gathered, and None; True returns at once an UnshardHandle whose
+        wait() completes the all-gather. After parallelize()
+        (WrongOrderError); InvalidArgumentError naming a module that is not
+        a sharded module of the model. Every rank makes the same calls in
+        the same order."""
+        handle = UnshardHandle(_c.fsdp2_strategy_unshard(self.handle, module, 1 if async_op else 0))
+        if async_op:
+            return handle
+        handle.close()
+        return None
+
+    def reshard(self, module):
+        """Collective over the module's shard group: frees the gathered
+        parameters of the sharded module named `module`, waiting for an
+        all-gather in flight; nothing when they are sharded (PyTorch's
+        FSDPModule.reshard). Errors as unshard()."""
+        _c.fsdp2_strategy_reshard(self.handle, module)
 
     def memory_stats(self):
         """What this rank holds, in bytes, as a dict (the fields of the C
