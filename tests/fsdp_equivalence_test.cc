@@ -298,10 +298,10 @@ TEST(Controls, IgnoredParametersOfCheckpointedBlocksGetGradients) {
 }
 
 // An ignored parameter inside a block under bf16 mixed precision: cast to
-// bf16 with its block (a float32 bias would not mix with the bf16 Linear),
-// its float32 value, gradient and step kept: tracks the float32 one-process
-// run as bf16 does (Bf16MixedPrecisionTracksFloat32's bound), with the
-// activations of the checkpointed blocks recomputed too.
+// bf16 with its block (a float32 weight does not multiply bf16
+// activations), its float32 value, gradient and step kept: tracks the
+// float32 one-process run as bf16 does (Bf16MixedPrecisionTracksFloat32's
+// bound), with the activations of the checkpointed blocks recomputed too.
 TEST(Controls, IgnoredParameterInsideABlockUnderBf16) {
   for (const char* ac : {"none", "full"}) {
     TrainSpec spec;
@@ -309,7 +309,7 @@ TEST(Controls, IgnoredParameterInsideABlockUnderBf16) {
     spec.mixed_precision = "bf16";
     spec.steps = 4;
     spec.ac = ac;
-    spec.controls = "ignore=blocks.1.fc.bias";
+    spec.controls = "ignore=blocks.1.fc.weight";
     ExpectEquivalent(spec, Bounds{2e-2, -1}, {1, 2, 4});
   }
 }
