@@ -19,11 +19,19 @@
  *  - Memory statistics on 1 and 2 ranks: the shards add up to the model
  *    (FULL_SHARD) or each rank holds it (NO_SHARD), AdamW's state is twice
  *    the shards, the peaks and their reset.
+ *  - Model sizes that cannot fit are refused at once, naming the field; a
+ *    failed allocation is FSDP2_ERROR_OUT_OF_MEMORY with what to do.
+ *  - Explicit unshard (asynchronous, with its handle) and reshard by module
+ *    name: errors, handles, and 2-rank training bit for bit unchanged.
+ *  - Several strategies in one process (one made while another lives, one
+ *    after both are gone) train alike, in this process and on 2 ranks
+ *    meeting over TCP.
  *
  * Every launch of ranks has a timeout: a hung rank fails the test.
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -32,6 +40,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -131,17 +142,22 @@ static fsdp2_strategy_t* NewStrategy(const char* json) {
   return s;
 }
 
-/* Connects a fresh GPT (AdamW, lr 1e-2) and parallelizes. The caller's
- * model handle is released at once: the strategy keeps its reference. */
-static void ConnectGpt(fsdp2_strategy_t* s) {
-  fsdp2_model_t* model = NULL;
+/* Connects `model` (AdamW, lr 1e-2, weight decay 0.1) and parallelizes. */
+static void ConnectModel(fsdp2_strategy_t* s, fsdp2_model_t* model) {
   fsdp2_optimizer_options_t opt;
   fsdp2_optimizer_options_init(&opt);
   CHECK_OK(fsdp2_optimizer_options_from_json("{\"lr\": 0.01, \"weight_decay\": 0.1}", &opt));
-  CHECK_OK(fsdp2_model_create(kGpt, &model));
   CHECK_OK(fsdp2_strategy_connect(s, model, &opt));
-  fsdp2_model_destroy(model);
   CHECK_OK(fsdp2_strategy_parallelize(s));
+}
+
+/* Connects a fresh GPT and parallelizes. The caller's model handle is
+ * released at once: the strategy keeps its reference. */
+static void ConnectGpt(fsdp2_strategy_t* s) {
+  fsdp2_model_t* model = NULL;
+  CHECK_OK(fsdp2_model_create(kGpt, &model));
+  ConnectModel(s, model);
+  fsdp2_model_destroy(model);
 }
 
 static double TrainStep(fsdp2_strategy_t* s, int64_t step, int accumulate, double clip) {
@@ -194,6 +210,42 @@ static void WriteParameter(fsdp2_strategy_t* s, const char* name, FILE* out) {
  * Worker scenarios (one rank each)
  * ---------------------------------------------------------------------- */
 
+static int64_t UnshardedBytes(fsdp2_strategy_t* s) {
+  fsdp2_memory_stats_t stats;
+  fsdp2_memory_stats_init(&stats);
+  CHECK_OK(fsdp2_strategy_memory_stats(s, &stats));
+  return stats.unsharded_param_bytes;
+}
+
+/* Before a step (with FSDP2_TEST_UNSHARD): gathers blocks.1 ahead of the
+ * forward, asynchronously and waited for, then the root synchronously;
+ * on odd steps frees blocks.1 again (and gathers nothing more), so the
+ * step's forward gathers it itself. The gathered copies show in the
+ * memory statistics (more than one rank: FULL_SHARD gathers). */
+static void ExplicitUnshard(fsdp2_strategy_t* s, int step) {
+  fsdp2_unshard_handle_t* handle = NULL;
+  int32_t world = 1;
+  int64_t before, gathered;
+  CHECK_OK(fsdp2_strategy_rank_info(s, NULL, &world, NULL, NULL));
+  before = UnshardedBytes(s);
+  CHECK_OK(fsdp2_strategy_unshard(s, "blocks.1", 1, &handle));
+  CHECK_OK(fsdp2_unshard_handle_wait(handle));
+  CHECK_OK(fsdp2_unshard_handle_wait(handle)); /* a second wait does nothing */
+  fsdp2_unshard_handle_destroy(handle);
+  gathered = UnshardedBytes(s);
+  EXPECT(world == 1 || gathered > before, "step %d: unshard gathered nothing (%lld -> %lld)",
+         step, (long long)before, (long long)gathered);
+  CHECK_OK(fsdp2_strategy_unshard(s, "", 0, NULL));
+  EXPECT(world == 1 || UnshardedBytes(s) > gathered, "step %d: the root was not gathered", step);
+  if (step % 2 == 1) {
+    CHECK_OK(fsdp2_strategy_reshard(s, "blocks.1"));
+    CHECK_OK(fsdp2_strategy_reshard(s, "blocks.1")); /* sharded already: nothing */
+    CHECK_OK(fsdp2_strategy_reshard(s, ""));
+    EXPECT(UnshardedBytes(s) == before, "step %d: reshard left %lld bytes (before: %lld)", step,
+           (long long)UnshardedBytes(s), (long long)before);
+  }
+}
+
 /* train STEPS ACCUM CLIP OUT [CKPT]: losses, then parameters, to OUT
  * (rank 0 writes); saves a sharded checkpoint to CKPT if given. */
 static int WorkerTrain(int argc, char** argv) {
@@ -209,7 +261,9 @@ static int WorkerTrain(int argc, char** argv) {
   CHECK_OK(fsdp2_strategy_rank_info(s, &rank, NULL, NULL, NULL));
   if (rank == 0) out = fopen(argv[3], "w");
   for (step = 0; step < steps; ++step) {
-    double loss = TrainStep(s, step, accumulate, clip);
+    double loss;
+    if (getenv("FSDP2_TEST_UNSHARD")) ExplicitUnshard(s, step);
+    loss = TrainStep(s, step, accumulate, clip);
     if (out) fprintf(out, "loss %.9g\n", loss);
   }
   if (argc > 4) CHECK_OK(fsdp2_strategy_save_checkpoint(s, argv[4]));
@@ -220,7 +274,7 @@ static int WorkerTrain(int argc, char** argv) {
   fclose(out);
   CHECK_OK(fsdp2_strategy_barrier(s));
   fsdp2_strategy_destroy(s);
-  return 0;
+  return failures ? 1 : 0;
 }
 
 /* resume CKPT STEPS OUT: loads CKPT, trains up to STEPS total, writes the
@@ -458,6 +512,75 @@ static int WorkerAcMemory(int argc, char** argv) {
   return failures ? 1 : 0;
 }
 
+/* strategies OUT: a strategy trains 2 steps, a second made while the first
+ * lives trains 2, the first a third, and a third strategy made after both
+ * are destroyed (the first's model handle still held, as a notebook holds
+ * its variables) trains 3. Writes their 8 losses in that order, one a
+ * line. */
+static int WorkerStrategies(int argc, char** argv) {
+  const char* json = "{\"precision\": \"fp32\", \"seed\": 7}";
+  fsdp2_strategy_t* a = NewStrategy(json);
+  fsdp2_strategy_t* b;
+  fsdp2_strategy_t* c;
+  fsdp2_model_t* kept = NULL;
+  double first[3], second[2], third[3];
+  int32_t rank = 0;
+  int i;
+  FILE* out;
+  (void)argc;
+  CHECK_OK(fsdp2_model_create(kGpt, &kept));
+  ConnectModel(a, kept);
+  first[0] = TrainStep(a, 0, 1, 0);
+  first[1] = TrainStep(a, 1, 1, 0);
+  b = NewStrategy(json);
+  ConnectGpt(b);
+  second[0] = TrainStep(b, 0, 1, 0);
+  second[1] = TrainStep(b, 1, 1, 0);
+  first[2] = TrainStep(a, 2, 1, 0);
+  fsdp2_strategy_destroy(b);
+  fsdp2_strategy_destroy(a);
+  c = NewStrategy(json);
+  ConnectGpt(c);
+  for (i = 0; i < 3; ++i) third[i] = TrainStep(c, i, 1, 0);
+  CHECK_OK(fsdp2_strategy_rank_info(c, &rank, NULL, NULL, NULL));
+  if (rank == 0) {
+    out = fopen(argv[0], "w");
+    fprintf(out, "%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n", first[0],
+            first[1], first[2], second[0], second[1], third[0], third[1], third[2]);
+    fclose(out);
+  }
+  fsdp2_strategy_destroy(c);
+  fsdp2_model_destroy(kept);
+  return 0;
+}
+
+/* oom: with the address space limited to what the process holds plus
+ * 512 MiB, a model that fits the machine but not that limit fails with
+ * FSDP2_ERROR_OUT_OF_MEMORY and a sentence that says what to do. */
+static int WorkerOom(void) {
+  fsdp2_model_t* m = NULL;
+  struct rlimit limit;
+  long long vm_kb = -1;
+  char line[256];
+  FILE* status = fopen("/proc/self/status", "r");
+  while (status && fgets(line, sizeof(line), status)) {
+    if (strncmp(line, "VmSize:", 7) == 0) vm_kb = atoll(line + 7);
+  }
+  if (status) fclose(status);
+  EXPECT(vm_kb > 0, "no VmSize in /proc/self/status");
+  limit.rlim_cur = limit.rlim_max = (rlim_t)(vm_kb * 1024 + 512LL * 1024 * 1024);
+  EXPECT(setrlimit(RLIMIT_AS, &limit) == 0, "setrlimit: %s", strerror(errno));
+  /* 2e6 x 256 floats: a 2 GB token embedding. */
+  EXPECT_ERROR(fsdp2_model_create("{\"family\": \"gpt\", \"vocab_size\": 2000000, "
+                                  "\"n_embd\": 256, \"n_head\": 4}", &m),
+               FSDP2_ERROR_OUT_OF_MEMORY, "out of host memory: allocating 2.05 GB failed.");
+  EXPECT(strstr(fsdp2_last_error(), "a smaller model or batch, more ranks") != NULL, "%s",
+         fsdp2_last_error());
+  EXPECT(strstr(fsdp2_last_error(), "enforce fail") == NULL, "%s", fsdp2_last_error());
+  EXPECT(m == NULL, "output written on failure");
+  return failures ? 1 : 0;
+}
+
 /* ------------------------------------------------------------------------
  * Launching ranks of this binary
  * ---------------------------------------------------------------------- */
@@ -482,7 +605,14 @@ static int LaunchRanks(int world, const char* scenario, const char* const* args,
       setenv("RANK", rank_text, 1);
       setenv("LOCAL_RANK", rank_text, 1);
       setenv("WORLD_SIZE", world_text, 1);
-      setenv("FSDP2_STORE_PATH", store, 1);
+      if (getenv("FSDP2_TEST_TCP_PORT")) {
+        /* Rendezvous at MASTER_ADDR:MASTER_PORT: rank 0 serves the store. */
+        unsetenv("FSDP2_STORE_PATH");
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", getenv("FSDP2_TEST_TCP_PORT"), 1);
+      } else {
+        setenv("FSDP2_STORE_PATH", store, 1);
+      }
       setenv("OMP_NUM_THREADS", "1", 1);
       argv[0] = "c_api_test";
       argv[1] = "--worker";
@@ -780,6 +910,19 @@ static void TestModelErrors(void) {
   EXPECT_ERROR(fsdp2_model_create("{\"family\": \"mlp\", \"hidden\": 0}", &m),
                FSDP2_ERROR_INVALID_ARGUMENT, "positive integer");
   EXPECT(m == NULL, "output written on failure");
+  /* A size whose parameters cannot fit is refused at once, naming the field
+   * and the bytes, instead of building block after block. */
+  {
+    const time_t start = time(NULL);
+    EXPECT_ERROR(fsdp2_model_create("{\"family\": \"gpt\", \"n_layer\": 1000000000}", &m),
+                 FSDP2_ERROR_INVALID_ARGUMENT, "\"n_layer\" = 1000000000 makes 5e+13 parameters");
+    EXPECT(strstr(fsdp2_last_error(), "(200 TB in float32), more than the") != NULL, "%s",
+           fsdp2_last_error());
+    EXPECT_ERROR(fsdp2_model_create("{\"family\": \"mlp\", \"depth\": 1000000000}", &m),
+                 FSDP2_ERROR_INVALID_ARGUMENT, "\"depth\" = 1000000000 makes");
+    EXPECT(time(NULL) - start < 10, "refusing took %d s", (int)(time(NULL) - start));
+    EXPECT(m == NULL, "output written on failure");
+  }
   EXPECT_ERROR(fsdp2_model_load_torchscript("/nonexistent/model.pt", "mse", &m), FSDP2_ERROR_IO,
                "does not exist");
   EXPECT_ERROR(fsdp2_model_load_torchscript("/nonexistent/model.pt", "hinge", &m),
@@ -794,6 +937,17 @@ static void TestModelErrors(void) {
   fsdp2_model_destroy(m);
   EXPECT_ERROR(fsdp2_model_num_parameters(m, &tensors, &elements), FSDP2_ERROR_INVALID_HANDLE,
                "destroyed");
+}
+
+/* A failed allocation is OUT_OF_MEMORY with a sentence a user can act on
+ * (WorkerOom, in a process of its own: it limits its address space).
+ * AddressSanitizer's allocator aborts instead of failing: not under it. */
+static void TestOutOfMemory(void) {
+#if defined(__SANITIZE_ADDRESS__)
+  printf("TestOutOfMemory: skipped under AddressSanitizer\n");
+#else
+  EXPECT(LaunchRanks(1, "oom", NULL, 0, 120) == 0, "the out-of-memory worker failed");
+#endif
 }
 
 static void TestHandlesAndOrder(void) {
@@ -1260,6 +1414,135 @@ static void TestEquivalence(void) {
   }
 }
 
+/* Explicit unshard and reshard through the C ABI: errors and handles in
+ * this process; on 2 ranks, gathering blocks ahead of the steps (and
+ * freeing them again on odd steps) changes no bit of the losses and
+ * parameters of TestEquivalence's 2-rank run. */
+static void TestUnshardReshard(void) {
+  fsdp2_strategy_t* s = NewStrategy("{\"precision\": \"bf16\"}");
+  fsdp2_unshard_handle_t* handle = NULL;
+  fsdp2_model_t* m = NULL;
+  double reference[4096], values[4096];
+  char ref_path[600], out[600];
+  const char* args[4];
+  int n_ref, n, i;
+  double worst = 0;
+  EXPECT_ERROR(fsdp2_strategy_unshard(s, "blocks.0", 0, &handle), FSDP2_ERROR_WRONG_ORDER,
+               "fsdp2_strategy_parallelize first");
+  EXPECT_ERROR(fsdp2_strategy_reshard(s, "blocks.0"), FSDP2_ERROR_WRONG_ORDER, "parallelize");
+  CHECK_OK(fsdp2_model_create(kGpt, &m));
+  CHECK_OK(fsdp2_strategy_connect(s, m, NULL));
+  CHECK_OK(fsdp2_strategy_parallelize(s));
+  EXPECT_ERROR(fsdp2_strategy_unshard(NULL, "blocks.0", 0, &handle), FSDP2_ERROR_INVALID_HANDLE,
+               "NULL");
+  EXPECT_ERROR(fsdp2_strategy_unshard((fsdp2_strategy_t*)m, "blocks.0", 0, &handle),
+               FSDP2_ERROR_INVALID_HANDLE, "expected a fsdp2_strategy_t");
+  EXPECT_ERROR(fsdp2_strategy_unshard(s, NULL, 0, &handle), FSDP2_ERROR_INVALID_ARGUMENT,
+               "module is NULL");
+  EXPECT_ERROR(fsdp2_strategy_unshard(s, "blocks.0", 2, &handle), FSDP2_ERROR_INVALID_ARGUMENT,
+               "async_op must be 0");
+  EXPECT_ERROR(fsdp2_strategy_unshard(s, "blocks.7", 1, &handle), FSDP2_ERROR_INVALID_ARGUMENT,
+               "'blocks.7', which is not a module of the model");
+  EXPECT_ERROR(fsdp2_strategy_reshard(s, "blocks.0.attn"), FSDP2_ERROR_INVALID_ARGUMENT,
+               "'blocks.0.attn', which is not a sharded module");
+  EXPECT(handle == NULL, "output written on failure");
+  EXPECT_ERROR(fsdp2_unshard_handle_wait(NULL), FSDP2_ERROR_INVALID_HANDLE, "NULL");
+  fsdp2_unshard_handle_destroy(NULL);
+  /* bf16 on one rank: unsharding casts a compute copy, which shows. */
+  EXPECT(UnshardedBytes(s) == 0, "unsharded bytes before any unshard: %lld",
+         (long long)UnshardedBytes(s));
+  CHECK_OK(fsdp2_strategy_unshard(s, "blocks.0", 1, &handle));
+  CHECK_OK(fsdp2_unshard_handle_wait(handle));
+  EXPECT(UnshardedBytes(s) > 0, "blocks.0 was not unsharded");
+  EXPECT_ERROR(fsdp2_unshard_handle_wait((fsdp2_unshard_handle_t*)m), FSDP2_ERROR_INVALID_HANDLE,
+               "expected a fsdp2_unshard_handle_t");
+  CHECK_OK(fsdp2_strategy_reshard(s, "blocks.0"));
+  EXPECT(UnshardedBytes(s) == 0, "reshard left %lld bytes", (long long)UnshardedBytes(s));
+  /* The handle outlives the strategy and the model harmlessly. */
+  fsdp2_model_destroy(m);
+  fsdp2_strategy_destroy(s);
+  CHECK_OK(fsdp2_unshard_handle_wait(handle));
+  fsdp2_unshard_handle_destroy(handle);
+  EXPECT_ERROR(fsdp2_unshard_handle_wait(handle), FSDP2_ERROR_INVALID_HANDLE, "not live");
+
+  /* TestEquivalence's plain run on 2 ranks: the same bits are expected. */
+  snprintf(ref_path, sizeof(ref_path), "%s/train.2.txt", tmpdir);
+  n_ref = ReadValues(ref_path, reference, 4096, 0);
+  EXPECT(n_ref > 4, "no 2-rank run to compare with (%d values)", n_ref);
+  snprintf(out, sizeof(out), "%s/unshard.txt", tmpdir);
+  args[0] = "4"; args[1] = "2"; args[2] = "0.5"; args[3] = out;
+  setenv("FSDP2_TEST_UNSHARD", "1", 1);
+  EXPECT(LaunchRanks(2, "train", args, 4, 240) == 0, "explicit unshard on 2 ranks failed");
+  unsetenv("FSDP2_TEST_UNSHARD");
+  n = ReadValues(out, values, 4096, 0);
+  EXPECT(n == n_ref, "%d values, the plain 2-rank run %d", n, n_ref);
+  for (i = 0; i < n && i < n_ref; ++i) {
+    const double d = fabs(values[i] - reference[i]);
+    if (d > worst) worst = d;
+  }
+  EXPECT(worst == 0, "explicit unshard on 2 ranks differs from the plain run by %g", worst);
+  printf("explicit unshard/reshard on 2 ranks vs the plain run: worst difference %.3g\n", worst);
+}
+
+/* A TCP port nobody listens on now. */
+static int FreePort(void) {
+  struct sockaddr_in addr;
+  socklen_t len = sizeof(addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+  memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && bind(fd, (struct sockaddr*)&addr, sizeof(addr)) == 0 &&
+      getsockname(fd, (struct sockaddr*)&addr, &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  EXPECT(port > 0, "no free TCP port: %s", strerror(errno));
+  return port;
+}
+
+/* Several strategies in one process (a notebook, a sweep): one made while
+ * another lives, and one after both are gone, train as the first did, in
+ * this process (one rank, no launcher: no port) and on 2 ranks meeting
+ * over TCP (rank 0 serves the store for all three). */
+static void TestStrategiesInOneProcess(void) {
+  static const int worlds[] = {1, 2};
+  int w;
+  for (w = 0; w < 2; ++w) {
+    char out[600], port[16];
+    const char* args[1];
+    double v[16];
+    int n, i;
+    snprintf(out, sizeof(out), "%s/strategies.%d.txt", tmpdir, worlds[w]);
+    args[0] = out;
+    if (worlds[w] == 1) {
+      /* In this process, as a notebook runs it: no launcher variables. */
+      char* argv[2];
+      argv[0] = out;
+      argv[1] = NULL;
+      EXPECT(WorkerStrategies(1, argv) == 0, "strategies in this process failed");
+    } else {
+      snprintf(port, sizeof(port), "%d", FreePort());
+      setenv("FSDP2_TEST_TCP_PORT", port, 1);
+      EXPECT(LaunchRanks(worlds[w], "strategies", args, 1, 240) == 0,
+             "strategies on %d ranks over TCP failed", worlds[w]);
+      unsetenv("FSDP2_TEST_TCP_PORT");
+    }
+    n = ReadValues(out, v, 16, 0);
+    EXPECT(n == 8, "%d ranks: %d losses", worlds[w], n);
+    if (n != 8) continue;
+    for (i = 0; i < 2; ++i) {
+      EXPECT(v[3 + i] == v[i], "%d ranks: the second strategy's step %d: %.17g, the first's %.17g",
+             worlds[w], i, v[3 + i], v[i]);
+    }
+    for (i = 0; i < 3; ++i) {
+      EXPECT(v[5 + i] == v[i], "%d ranks: the third strategy's step %d: %.17g, the first's %.17g",
+             worlds[w], i, v[5 + i], v[i]);
+    }
+    EXPECT(v[2] < v[0], "%d ranks: the first strategy stopped learning", worlds[w]);
+  }
+}
+
 /* Every sharding strategy, and bf16 mixed precision, through the C ABI
  * against the 1-rank fp32 run of TestEquivalence. */
 static void TestStrategiesAndPrecision(void) {
@@ -1486,6 +1769,8 @@ int main(int argc, char** argv) {
     if (strcmp(argv[2], "loader") == 0) return WorkerLoader(argc - 3, argv + 3);
     if (strcmp(argv[2], "memory") == 0) return WorkerMemory(argc - 3, argv + 3);
     if (strcmp(argv[2], "ac_memory") == 0) return WorkerAcMemory(argc - 3, argv + 3);
+    if (strcmp(argv[2], "oom") == 0) return WorkerOom();
+    if (strcmp(argv[2], "strategies") == 0) return WorkerStrategies(argc - 3, argv + 3);
     fprintf(stderr, "unknown scenario %s\n", argv[2]);
     return 2;
   }
@@ -1499,6 +1784,7 @@ int main(int argc, char** argv) {
   TestOptionErrors();
   TestOptionTable();
   TestModelErrors();
+  TestOutOfMemory();
   TestHandlesAndOrder();
   unsetenv("FSDP2_STORE_PATH");
   {
@@ -1510,7 +1796,9 @@ int main(int argc, char** argv) {
   unsetenv("FSDP2_STORE_PATH");
   TestDeferredModel();
   TestHfCheckpoint();
+  TestStrategiesInOneProcess();
   TestEquivalence();
+  TestUnshardReshard();
   TestStrategiesAndPrecision();
   TestCheckpointResume();
   TestTokenLoader();

@@ -15,7 +15,9 @@ for f in fsdp2_strategy_create fsdp2_strategy_training_step fsdp2_strategy_save_
          fsdp2_strategy_save_checkpoint_ex fsdp2_strategy_wait_for_checkpoint \
          fsdp2_launch_local_with_restarts fsdp2_restart_count \
          fsdp2_memory_stats_init fsdp2_strategy_memory_stats \
-         fsdp2_strategy_reset_peak_memory_stats; do
+         fsdp2_strategy_reset_peak_memory_stats \
+         fsdp2_strategy_unshard fsdp2_unshard_handle_wait fsdp2_unshard_handle_destroy \
+         fsdp2_strategy_reshard; do
   echo "$exported" | grep -qx "$f" || { echo "FAIL: $f is not exported"; exit 1; }
 done
 echo "PASS: $(echo "$exported" | wc -l) symbols, all fsdp2_*"

@@ -28,7 +28,8 @@
  *    (per thread, valid until this thread's next failed call). No C++
  *    exception ever crosses this boundary, and a failed call leaves its
  *    output arguments unchanged.
- *  - Handles are opaque. Each *_create has a *_destroy that accepts NULL.
+ *  - Handles are opaque. Each *_create (and fsdp2_strategy_unshard, whose
+ *    handle is an all-gather in flight) has a *_destroy that accepts NULL.
  *    A destroyed or never-created handle passed to any function gives
  *    FSDP2_ERROR_INVALID_HANDLE (handles are never reused), never a crash.
  *  - Ownership is written on every function: "borrowed" inputs are only
@@ -75,7 +76,7 @@ extern "C" {
 /* Bumped by every compatible addition (new functions, fields appended to an
  * option struct); a library of the same major and a minor at least the
  * header's has everything the header declares. */
-#define FSDP2_ABI_VERSION_MINOR 9 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists; 1.8: Hugging Face Llama-family checkpoints, frozen parameters; 1.9: fsdp2_options_schema, fsdp2_strategy_create_from_json, fsdp2_step_options_from_json */
+#define FSDP2_ABI_VERSION_MINOR 9 /* 1.2: background saves, restarts, state files, activation checkpointing; 1.3: TorchScript units and options, memory stats; 1.4: fsdp2_restart_with_rank_environment; 1.5: device (GPUs), device memory stats; 1.6: prefetch depths, gradient accumulation and divide factor; 1.7: ignored parameters, prefetch lists; 1.8: Hugging Face Llama-family checkpoints, frozen parameters; 1.9: fsdp2_options_schema, fsdp2_strategy_create_from_json, fsdp2_step_options_from_json; explicit unshard (async handles) and reshard */
 /* Major and minor as one number, major * 1000 + minor (1009 for 1.9): the
  * value fsdp2_abi_version() returns, so a caller can compare the two. */
 #define FSDP2_ABI_VERSION (FSDP2_ABI_VERSION_MAJOR * 1000 + FSDP2_ABI_VERSION_MINOR)
@@ -332,7 +333,9 @@ typedef struct fsdp2_strategy_options {
    * parameters, or glob patterns over them (fnmatch's *, ?, [...]; * also
    * matches dots), separated by commas: "lm_head.weight,*.bias". Each stays
    * whole on every rank (its full size in memory on each), never sharded,
-   * all-gathered, cast to bf16 or reduced by FSDP. A pattern that matches
+   * all-gathered or reduced by FSDP. Under BF16 precision each is cast to
+   * bf16 with its block for its forward and backward, its value, gradient
+   * and optimizer state staying in its own dtype. A pattern that matches
    * no parameter fails fsdp2_strategy_parallelize (INVALID_ARGUMENT). */
   const char* ignored_params;
   /* 1: backward all-reduces the ignored parameters' gradients over the
@@ -445,7 +448,11 @@ typedef struct fsdp2_strategy fsdp2_strategy_t;
  *    (INVALID_ARGUMENT naming the field); a missing, extra or mis-shaped
  *    tensor fails fsdp2_strategy_parallelize (IO, naming it) before any
  *    parameter is written.
- * Omitted sizes take the values shown. Parameters are initialised from the
+ * Omitted sizes take the values shown. Sizes whose parameters cannot fit in
+ * this machine's memory (its physical memory, or its cgroup's limit) are
+ * refused before anything is built: INVALID_ARGUMENT naming the field and
+ * the bytes. An allocation that fails is FSDP2_ERROR_OUT_OF_MEMORY.
+ * Parameters are initialised from the
  * global generator: create the model after fsdp2_strategy_setup_environment
  * (which seeds every rank alike) so every rank starts equal.
  * Each transformer/residual block becomes one FSDP unit, then the root. */
@@ -456,7 +463,8 @@ FSDP2_API fsdp2_status_t fsdp2_model_create(const char* config_json,
  * tensor_init_context(): the parameters take no memory until
  * fsdp2_strategy_parallelize, which gives each rank only its rows of them,
  * with values bit-identical to fsdp2_model_create after the same seed. So a
- * model larger than one rank's memory can be built. After
+ * model larger than one rank's memory can be built (the size refused is
+ * one whose parameters divided over the ranks do not fit). After
  * setup_environment; not with tensor_parallel_size > 1 (parallelize says
  * so). */
 FSDP2_API fsdp2_status_t fsdp2_model_create_deferred(fsdp2_strategy_t* strategy,
@@ -796,6 +804,48 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_memory_stats(const fsdp2_strategy_t* str
 /* Local: both peaks restart from now. After parallelize. FSDP2_ERROR_IO (and
  * nothing reset) if /proc/self/clear_refs cannot be written. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_reset_peak_memory_stats(fsdp2_strategy_t* strategy);
+
+/* Explicit unshard and reshard (since ABI 1.9), as PyTorch's
+ * FSDPModule.unshard(async_op) and reshard(): gather one sharded module's
+ * parameters ahead of its forward (to overlap the all-gather with work of
+ * the caller's own), or free them. `module` (borrowed) is the module's name
+ * as the model names its modules ("blocks.0"; "" is the root) and must be
+ * sharded (an FSDP unit: each transformer/residual block and the root of a
+ * built-in family; a TorchScript file's wrapped submodules and its root).
+ * An unknown or unsharded name is INVALID_ARGUMENT naming it; before
+ * fsdp2_strategy_parallelize, WRONG_ORDER. Both are collective over the
+ * module's shard group: every rank makes the same calls in the same
+ * order. */
+
+/* An all-gather started by fsdp2_strategy_unshard: wait for it with
+ * fsdp2_unshard_handle_wait, free it with fsdp2_unshard_handle_destroy. */
+typedef struct fsdp2_unshard_handle fsdp2_unshard_handle_t;
+
+/* Collective. All-gathers the parameters of the sharded module `module`;
+ * its next forward finds them gathered and reshards after it as the
+ * strategy's options say. async_op 0: returns when they are gathered; 1:
+ * returns at once with the all-gather in flight, which
+ * fsdp2_unshard_handle_wait, the module's forward or fsdp2_strategy_reshard
+ * completes. Anything else: INVALID_ARGUMENT. `out` (may be NULL) receives
+ * a new caller-owned handle on the all-gather (after a synchronous call it
+ * has nothing left to wait for); destroy it with
+ * fsdp2_unshard_handle_destroy. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_unshard(fsdp2_strategy_t* strategy, const char* module,
+                                                int32_t async_op, fsdp2_unshard_handle_t** out);
+
+/* Waits for the handle's all-gather: the module's parameters are then
+ * whole. Once: later calls, and calls after the module's forward, its
+ * reshard or the strategy's end, return FSDP2_OK at once. */
+FSDP2_API fsdp2_status_t fsdp2_unshard_handle_wait(fsdp2_unshard_handle_t* handle);
+
+/* Frees the handle without waiting (the module's forward or reshard still
+ * completes the all-gather). Accepts NULL. */
+FSDP2_API void fsdp2_unshard_handle_destroy(fsdp2_unshard_handle_t* handle);
+
+/* Collective. Frees the gathered parameters of the sharded module
+ * `module`, waiting for an all-gather in flight first; nothing when they
+ * are sharded. */
+FSDP2_API fsdp2_status_t fsdp2_strategy_reshard(fsdp2_strategy_t* strategy, const char* module);
 
 /* Collective. Waits until every rank arrives. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_barrier(fsdp2_strategy_t* strategy);

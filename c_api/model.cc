@@ -1,14 +1,16 @@
 // fsdp2/c_api/model.cc
 //
-// fsdp2_model_t: built-in model families from JSON, deferred (meta) builds
-// under a strategy, TorchScript files (see internal/builtin_modules.h).
+// fsdp2_model_t: built-in model families from JSON
+// (core/models/builtin_families.h), deferred (meta) builds under a
+// strategy, TorchScript files (core/script/script_family.h).
 #include <nlohmann/json.hpp>
 
 #include "c_api/fsdp2.h"
 #include "c_api/internal/api_impl.h"
-#include "c_api/internal/builtin_modules.h"
 #include "c_api/internal/handles.h"
 #include "core/fsdp/fully_shard.h"
+#include "core/models/builtin_families.h"
+#include "core/script/script_family.h"
 
 using namespace fsdp2::c_api;  // NOLINT: the entry points below are C
 
@@ -19,7 +21,7 @@ fsdp2_status_t fsdp2_model_create(const char* config_json, fsdp2_model_t** out) 
   NotNull(out, "out");
   NotNull(config_json, "config_json");
   auto state = std::make_shared<ModelState>();
-  state->module = CreateBuiltinModule(config_json);
+  state->module = fsdp2::models::CreateModelFamily(config_json);
   *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
   FSDP2_API_END
 }
@@ -33,7 +35,8 @@ fsdp2_status_t fsdp2_model_create_deferred(fsdp2_strategy_t* strategy, const cha
   auto state = std::make_shared<ModelState>();
   {
     auto deferred = s->strategy->tensor_init_context();  // until the model is built
-    state->module = CreateBuiltinModule(config_json);
+    // Each rank will keep its part of the parameters.
+    state->module = fsdp2::models::CreateModelFamily(config_json, s->strategy->world()->size());
   }
   *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
   FSDP2_API_END
@@ -46,7 +49,7 @@ fsdp2_status_t fsdp2_model_load_torchscript(const char* path, const char* loss,
   NotNull(path, "path");
   NotNull(loss, "loss");
   auto state = std::make_shared<ModelState>();
-  state->module = LoadTorchScriptModule(path, nlohmann::json{{"loss", loss}}.dump());
+  state->module = fsdp2::script::LoadScriptFamily(path, nlohmann::json{{"loss", loss}}.dump());
   *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
   FSDP2_API_END_FILE
 }
@@ -59,7 +62,7 @@ fsdp2_status_t fsdp2_model_load_torchscript_with_options(const char* path,
   NotNull(path, "path");
   NotNull(options_json, "options_json");
   auto state = std::make_shared<ModelState>();
-  state->module = LoadTorchScriptModule(path, options_json);
+  state->module = fsdp2::script::LoadScriptFamily(path, options_json);
   *out = NewHandle<fsdp2_model_t>(Kind::kModel, state);
   FSDP2_API_END_FILE
 }

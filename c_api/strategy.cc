@@ -11,9 +11,33 @@
 #include "c_api/internal/options.h"
 #include "core/common/error.h"
 #include "core/fsdp/fully_shard.h"
+#include "core/strategy/optimizer.h"
 
 using namespace fsdp2::c_api;  // NOLINT: the entry points below are C
 using fsdp2::FailedPreconditionError;
+
+namespace {
+
+// The optimizer options, checked by ReadOptimizerOptions, as core's.
+fsdp2::strategy::OptimizerOptions ToCoreOptimizerOptions(const fsdp2_optimizer_options_t& o) {
+  fsdp2::strategy::OptimizerOptions out;
+  switch (o.kind) {
+    case FSDP2_OPTIMIZER_ADAMW: out.kind = fsdp2::strategy::OptimizerKind::kAdamW; break;
+    case FSDP2_OPTIMIZER_ADAM: out.kind = fsdp2::strategy::OptimizerKind::kAdam; break;
+    case FSDP2_OPTIMIZER_SGD: out.kind = fsdp2::strategy::OptimizerKind::kSGD; break;
+    default:
+      throw fsdp2::InvalidArgumentError("unknown optimizer kind " + std::to_string(o.kind));
+  }
+  out.lr = o.lr;
+  out.beta1 = o.beta1;
+  out.beta2 = o.beta2;
+  out.eps = o.eps;
+  out.weight_decay = o.weight_decay;
+  out.momentum = o.momentum;
+  return out;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -89,7 +113,7 @@ fsdp2_status_t fsdp2_strategy_connect(fsdp2_strategy_t* strategy, fsdp2_model_t*
     throw FailedPreconditionError(
         "fsdp2_strategy_connect: this model is already parallelized by another strategy");
   }
-  m->module->set_optimizer_options(o);
+  m->module->set_optimizer_options(ToCoreOptimizerOptions(o));
   s->strategy->connect(m->module);
   s->module = m->module;
   FSDP2_API_END

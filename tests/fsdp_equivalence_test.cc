@@ -378,6 +378,34 @@ TEST(Controls, IgnoredParametersAreLeftToTheUser) {
   }
 }
 
+// An ignored parameter inside a block whose activations are recomputed in
+// backward gets its gradient from the recomputation, as the block's own
+// parameters do: one process again, in float64.
+TEST(Controls, IgnoredParametersOfCheckpointedBlocksGetGradients) {
+  TrainSpec spec;
+  spec.steps = 3;
+  spec.ac = "full";
+  spec.controls = "ignore=blocks.1.fc.weight";
+  ExpectEquivalent(spec, kFloat64, {1, 2});
+}
+
+// An ignored parameter inside a block under bf16 mixed precision: cast to
+// bf16 with its block (a float32 weight does not multiply bf16
+// activations), its float32 value, gradient and step kept: tracks the
+// float32 one-process run as bf16 does (Bf16MixedPrecisionTracksFloat32's
+// bound), with the activations of the checkpointed blocks recomputed too.
+TEST(Controls, IgnoredParameterInsideABlockUnderBf16) {
+  for (const char* ac : {"none", "full"}) {
+    TrainSpec spec;
+    spec.dtype = "float32";
+    spec.mixed_precision = "bf16";
+    spec.steps = 4;
+    spec.ac = ac;
+    spec.controls = "ignore=blocks.1.fc.weight";
+    ExpectEquivalent(spec, Bounds{2e-2, -1}, {1, 2, 4});
+  }
+}
+
 // Sharded state falls as 1/N: per-rank parameter and gradient bytes are at
 // most ceil(total / N) rows of every parameter.
 TEST(Equivalence, ShardedBytesFallAsOneOverN) {

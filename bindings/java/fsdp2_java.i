@@ -224,6 +224,7 @@ FSDP2_JAVA("jlongArray", "long[]", TYPE** out)
 FSDP2_HANDLE(fsdp2_strategy_t)
 FSDP2_HANDLE(fsdp2_model_t)
 FSDP2_HANDLE(fsdp2_dataloader_t)
+FSDP2_HANDLE(fsdp2_unshard_handle_t)
 
 /* ---- scalar out-parameters: every int32_t*, int64_t* and double* in the
  * header is one. */

@@ -154,6 +154,7 @@ static int fsdp2py_batch_from(PyObject* seq, fsdp2py_batch* b) {
 FSDP2_OUT_HANDLE(fsdp2_strategy_t)
 FSDP2_OUT_HANDLE(fsdp2_model_t)
 FSDP2_OUT_HANDLE(fsdp2_dataloader_t)
+FSDP2_OUT_HANDLE(fsdp2_unshard_handle_t)
 
 /* ---- scalar out-parameters ---------------------------------------------- */
 %apply int32_t* OUTPUT { int32_t* rank, int32_t* world_size, int32_t* data_parallel_rank,

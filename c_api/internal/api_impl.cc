@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <new>
 #include <stdexcept>
@@ -17,7 +18,41 @@ fsdp2_status_t Fail(fsdp2_status_t status, const std::string& message) {
   return status;
 }
 
+// The number in "... you tried to allocate 123 bytes ..." (0 if none).
+double RequestedBytes(const std::string& message) {
+  const std::string key = "tried to allocate ";
+  const size_t at = message.find(key);
+  if (at == std::string::npos) return 0;
+  try {
+    return std::stod(message.substr(at + key.size()));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 }  // namespace
+
+std::string HostOutOfMemoryMessage(const std::string& allocator_message) {
+  std::string text = "out of host memory: ";
+  const double bytes = RequestedBytes(allocator_message);
+  if (bytes > 0) {
+    char size[64];
+    std::snprintf(size, sizeof(size), "%.3g GB", bytes / 1e9);
+    text += std::string("allocating ") + size + " failed. ";
+  } else {
+    text += "an allocation failed. ";
+  }
+  // The enforce's location and backtrace say nothing a user can act on.
+  std::string detail = allocator_message;
+  const size_t from = detail.find("DefaultCPUAllocator");
+  if (from != std::string::npos) detail = detail.substr(from);
+  while (!detail.empty() && (detail.back() == '\n' || detail.back() == ' ')) detail.pop_back();
+  return text +
+         "Free memory on this machine, or need less: a smaller model or batch, more ranks "
+         "sharding it (FULL_SHARD), activation checkpointing, bf16, or a model built "
+         "deferred (fsdp2_model_create_deferred) so no rank holds it whole. (LibTorch: " +
+         detail + ")";
+}
 
 fsdp2_status_t StatusOf(ErrorCode code) {
   switch (code) {
@@ -48,10 +83,11 @@ fsdp2_status_t StatusOfCurrentException(fsdp2_status_t uncoded_status) {
     return Fail(FSDP2_ERROR_OUT_OF_MEMORY, e.what_without_backtrace());
   } catch (const c10::Error& e) {
     // LibTorch's CPU allocator reports a failed allocation as a plain
-    // c10::Error (an enforce in alloc_cpu.cpp) with this message.
+    // c10::Error (an enforce in alloc_cpu.cpp) with one of these messages.
     const std::string message = e.what_without_backtrace();
-    if (message.find("DefaultCPUAllocator: not enough memory") != std::string::npos) {
-      return Fail(FSDP2_ERROR_OUT_OF_MEMORY, message);
+    if (message.find("DefaultCPUAllocator: not enough memory") != std::string::npos ||
+        message.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos) {
+      return Fail(FSDP2_ERROR_OUT_OF_MEMORY, HostOutOfMemoryMessage(message));
     }
     return Fail(uncoded_status, message);
   } catch (const std::filesystem::filesystem_error& e) {

@@ -30,12 +30,18 @@ fsdp2_status_t StatusOf(ErrorCode code);
 // the last error and returns its status. An exception with no fsdp2 code
 // maps by its standard type: std::bad_alloc, LibTorch's
 // c10::OutOfMemoryError (CUDA's caching allocator) and its CPU allocator's
-// "not enough memory" -> OUT_OF_MEMORY,
+// "not enough memory" / "can't allocate memory" (HostOutOfMemoryMessage) ->
+// OUT_OF_MEMORY,
 // std::invalid_argument -> INVALID_ARGUMENT, std::filesystem errors -> IO,
 // any other std::logic_error (std::future_error, std::out_of_range, ...) ->
 // INTERNAL, any other exception -> `uncoded_status` (RUNTIME, or IO for
 // file operations), a non-std exception -> INTERNAL.
 fsdp2_status_t StatusOfCurrentException(fsdp2_status_t uncoded_status = FSDP2_ERROR_RUNTIME);
+
+// What fsdp2_last_error says when LibTorch's CPU allocator could not
+// allocate: the size that failed, what to do about it, and the allocator's
+// own words (`allocator_message`, without the enforce's location).
+std::string HostOutOfMemoryMessage(const std::string& allocator_message);
 
 // Sets this thread's last error (fsdp2_last_error).
 void SetLastError(const std::string& message);

@@ -16,6 +16,7 @@ const char* KindName(Kind kind) {
     case Kind::kStrategy: return "fsdp2_strategy_t";
     case Kind::kModel: return "fsdp2_model_t";
     case Kind::kLoader: return "fsdp2_dataloader_t";
+    case Kind::kUnshard: return "fsdp2_unshard_handle_t";
   }
   return "?";
 }

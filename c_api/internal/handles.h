@@ -12,7 +12,8 @@
 #include <memory>
 
 #include "c_api/fsdp2.h"
-#include "c_api/internal/builtin_modules.h"
+#include "core/fsdp/fully_shard.h"
+#include "core/models/model_family.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/token_dataset.h"
 
@@ -20,6 +21,7 @@
 struct fsdp2_strategy {};
 struct fsdp2_model {};
 struct fsdp2_dataloader {};
+struct fsdp2_unshard_handle {};
 
 namespace fsdp2 {
 namespace c_api {
@@ -27,12 +29,13 @@ namespace c_api {
 // fsdp2_strategy_t: the strategy and the model connected to it.
 struct StrategyState {
   std::unique_ptr<strategy::FSDP2Strategy> strategy;
-  std::shared_ptr<BuiltinModule> module;  // set by fsdp2_strategy_connect
+  std::shared_ptr<models::ModelFamily> module;  // set by fsdp2_strategy_connect
 };
 
-// fsdp2_model_t: a model, shared with the strategy it is connected to.
+// fsdp2_model_t: a model family (core/models' built-in families or a
+// TorchScript file), shared with the strategy it is connected to.
 struct ModelState {
-  std::shared_ptr<BuiltinModule> module;
+  std::shared_ptr<models::ModelFamily> module;
 };
 
 // fsdp2_dataloader_t: a token file's windows, cut into this rank's batches.
@@ -40,7 +43,14 @@ struct LoaderState {
   std::unique_ptr<strategy::TokenLoader> loader;
 };
 
-enum class Kind { kStrategy, kModel, kLoader };
+// fsdp2_unshard_handle_t: an all-gather fsdp2_strategy_unshard started. The
+// handle holds its unit weakly: it outlives the strategy and the model
+// harmlessly.
+struct UnshardState {
+  fsdp::UnshardHandle handle;
+};
+
+enum class Kind { kStrategy, kModel, kLoader, kUnshard };
 
 // Adds `object` under a new id that is never reused.
 uintptr_t AddHandle(Kind kind, std::shared_ptr<void> object);
@@ -71,6 +81,9 @@ inline std::shared_ptr<ModelState> GetModel(const fsdp2_model_t* h) {
 }
 inline std::shared_ptr<LoaderState> GetLoader(const fsdp2_dataloader_t* h) {
   return std::static_pointer_cast<LoaderState>(FindHandle(IdOf(h), Kind::kLoader));
+}
+inline std::shared_ptr<UnshardState> GetUnshard(const fsdp2_unshard_handle_t* h) {
+  return std::static_pointer_cast<UnshardState>(FindHandle(IdOf(h), Kind::kUnshard));
 }
 
 }  // namespace c_api

@@ -77,6 +77,19 @@ TEST(StatusTest, StandardExceptionsKeepTheirFallbacks) {
                                  "allocate 8589934592 bytes.");
             }),
             FSDP2_ERROR_OUT_OF_MEMORY);
+  // posix_memalign's failure, as alloc_cpu.cpp words it: the size, what to
+  // do, and the allocator's words, without the enforce's location.
+  EXPECT_EQ(Entry([] {
+              CAFFE_ENFORCE_EQ(12, 0, "DefaultCPUAllocator: can't allocate memory: you tried "
+                                      "to allocate 2400000000 bytes. Error code 12 (Cannot "
+                                      "allocate memory)");
+            }),
+            FSDP2_ERROR_OUT_OF_MEMORY);
+  const std::string oom = LastError();
+  EXPECT_EQ(oom.rfind("out of host memory: allocating 2.4 GB failed. Free memory", 0), 0u) << oom;
+  EXPECT_NE(oom.find("(LibTorch: DefaultCPUAllocator: can't allocate memory"), std::string::npos)
+      << oom;
+  EXPECT_EQ(oom.find("enforce fail"), std::string::npos) << oom;
   EXPECT_EQ(Entry([] { TORCH_CHECK(false, "a shape mismatch"); }), FSDP2_ERROR_RUNTIME);
   EXPECT_EQ(Entry([] { throw std::runtime_error("x"); }), FSDP2_ERROR_RUNTIME);
   EXPECT_EQ(Entry([] { throw std::invalid_argument("x"); }), FSDP2_ERROR_INVALID_ARGUMENT);

@@ -6,17 +6,13 @@
 
 #include "c_api/internal/api_impl.h"
 #include "core/common/error.h"
+#include "core/models/hf_config.h"
 
 namespace fsdp2 {
 namespace c_api {
 
 at::ScalarType FloatTypeOfName(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  if (name == "float64") return at::kDouble;
-  throw InvalidArgumentError("dtype \"" + name +
-                             "\": known are \"float32\", \"bfloat16\", \"float16\", \"float64\"");
+  return models::FloatDtypeOfName(name);
 }
 
 at::ScalarType ToScalarType(int32_t dtype) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -39,6 +40,42 @@ bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
 
+// A client of the TCPStore at MASTER_ADDR:MASTER_PORT; on rank 0 (`server`)
+// also its server. A process may create several Worlds (one strategy after
+// another, or several at once): rank 0's server is started once per port
+// and kept for the life of the process, and every later store of this
+// process on that port is another client of it (c10d's multi-tenant
+// stores). Stopping the server with its World would make the port busy for
+// a World created while another lives (EADDRINUSE), or cut off the other
+// ranks' clients of the next World that connected before rank 0 let go of
+// the last one.
+c10::intrusive_ptr<::c10d::Store> ConnectTcpStore(const RendezvousOptions& options, bool server) {
+  ::c10d::TCPStoreOptions tcp;
+  tcp.port = static_cast<uint16_t>(options.master_port);
+  tcp.isServer = server;
+  tcp.multiTenant = server;
+  tcp.numWorkers = options.world_size;
+  tcp.waitWorkers = false;
+  tcp.timeout = options.timeout;
+  auto store = c10::make_intrusive<::c10d::TCPStore>(options.master_addr, tcp);
+  if (server) {
+    static std::mutex mu;
+    static auto* servers = new std::map<uint16_t, c10::intrusive_ptr<::c10d::TCPStore>>();
+    std::lock_guard<std::mutex> lock(mu);
+    servers->emplace(tcp.port, store);  // the first keeps the server running
+  }
+  return store;
+}
+
+// How many Worlds this process has created before on this rendezvous
+// target (a store path, or MASTER_ADDR:MASTER_PORT), counting this one.
+int64_t NextWorldNumber(const std::string& target) {
+  static std::mutex mu;
+  static auto* counts = new std::map<std::string, int64_t>();
+  std::lock_guard<std::mutex> lock(mu);
+  return (*counts)[target]++;
+}
+
 }  // namespace
 
 RendezvousOptions RendezvousOptions::FromEnv() {
@@ -62,6 +99,7 @@ struct World::Impl {
   std::string network;
   std::shared_ptr<internal::LostReport> lost_report;
   int groups_created = 0;
+  std::string prefix;  // this World's keys in the store
 };
 
 World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -98,25 +136,39 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   const std::string where = "fsdp2: rank " + std::to_string(rank) + ": ";
+  // torchrun's agent serves a TCPStore on MASTER_PORT already and says so
+  // (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 connects to it too.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool tcp_server =
+      rank == 0 && !(agent_store != nullptr && std::string(agent_store) == "True");
+  // The ranks create their Worlds in the same order, so the n-th World of
+  // each rank meets the others' n-th (see world.h). Its keys stay apart
+  // from those of earlier Worlds, or of one alive: under a prefix of its
+  // own in the TCPStore (rank 0's server, or torchrun's agent store, which
+  // also keeps those of the processes of earlier attempts: the restart
+  // count tells them apart), in a file of its own for a FileStore (which
+  // deletes its file when the last rank lets go of it).
+  const std::string target = options.store_path.empty()
+                                 ? options.master_addr + ":" + std::to_string(options.master_port)
+                                 : options.store_path;
+  const int64_t number = world_size == 1 && options.store_path.empty() ? 0
+                                                                        : NextWorldNumber(target);
+  impl->prefix = "fsdp2/attempt" + EnvString("TORCHELASTIC_RESTART_COUNT", "0") + "/world" +
+                 std::to_string(number);
   try {
     if (!options.store_path.empty()) {
-      impl->store =
-          c10::make_intrusive<::c10d::FileStore>(options.store_path, world_size);
+      const std::string path =
+          number == 0 ? options.store_path : options.store_path + ".world" + std::to_string(number);
+      impl->store = c10::make_intrusive<::c10d::FileStore>(path, world_size);
+    } else if (world_size == 1) {
+      // Nobody to meet: an in-process store, no port at all (a notebook or
+      // a sweep may hold several strategies, and other jobs may run).
+      impl->store = c10::make_intrusive<::c10d::HashStore>();
     } else {
-      ::c10d::TCPStoreOptions tcp;
-      tcp.port = static_cast<uint16_t>(options.master_port);
-      // torchrun's agent serves a TCPStore on MASTER_PORT already and says
-      // so (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 connects to it too.
-      const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-      tcp.isServer = rank == 0 && !(agent_store != nullptr &&
-                                    std::string(agent_store) == "True");
-      tcp.numWorkers = world_size;
-      tcp.waitWorkers = false;
-      tcp.timeout = options.timeout;
-      impl->store =
-          c10::make_intrusive<::c10d::TCPStore>(options.master_addr, tcp);
+      impl->store = ConnectTcpStore(options, tcp_server);
     }
     impl->store->setTimeout(options.timeout);
+    impl->store = c10::make_intrusive<::c10d::PrefixStore>(impl->prefix, impl->store);
 
     // Every rank must have been started with the same world size; rank 0
     // publishes its own and the others compare.
@@ -141,12 +193,8 @@ std::shared_ptr<World> World::Init(const RendezvousOptions& options) {
       // concurrent use.
       c10::intrusive_ptr<::c10d::Store> watch_store = impl->store;  // FileStore locks each op
       if (options.store_path.empty()) {
-        ::c10d::TCPStoreOptions tcp;
-        tcp.port = static_cast<uint16_t>(options.master_port);
-        tcp.isServer = false;
-        tcp.waitWorkers = false;
-        tcp.timeout = options.timeout;
-        watch_store = c10::make_intrusive<::c10d::TCPStore>(options.master_addr, tcp);
+        watch_store = c10::make_intrusive<::c10d::PrefixStore>(
+            impl->prefix, ConnectTcpStore(options, /*server=*/false));
       }
       if (options.store_path.empty()) {
         // Woken through the world's store; its wait is renewed once a day.

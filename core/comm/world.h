@@ -4,7 +4,14 @@
 // rendezvous, and the factory for process groups over subsets of ranks.
 //
 // Rendezvous goes through a key-value store: a TCPStore served by rank 0 at
-// MASTER_ADDR:MASTER_PORT, or a FileStore at a shared path. Every rank checks
+// MASTER_ADDR:MASTER_PORT, or a FileStore at a shared path; a world of one
+// rank without a FileStore path uses an in-process store and no port. A
+// process may create several Worlds, one after another or alive at once (a
+// notebook, a sweep), as long as every rank creates them in the same order:
+// the n-th World of each rank meets the others' n-th. Each keeps its keys
+// under a prefix of its own, rank 0 serves MASTER_PORT once for all of them
+// (until the process ends), and over a FileStore the n-th World (n >= 1)
+// uses the file "<path>.world<n>". Every rank checks
 // that all ranks agree on the world size; a rank that never arrives makes the
 // others fail with a timeout error instead of hanging. At rendezvous the
 // ranks also tell each other which host they run on (host name and boot id),

@@ -261,6 +261,17 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (internal::RecomputeArena::Holds(result[i])) result[i] = result[i].clone();
     }
+    // So do those of the unit's ignored parameters, which go to their .grad.
+    for (size_t k = 0; unit && k < region->params.size(); ++k) {
+      at::Tensor& grad = result[inputs.size() + k];
+      if (!internal::RecomputeArena::Holds(grad)) continue;
+      for (const at::Tensor& t : unit->ignored_params()) {
+        if (t.is_same(region->params[k])) {
+          grad = grad.clone();
+          break;
+        }
+      }
+    }
     return result;
   }
 };
@@ -274,6 +285,10 @@ std::vector<at::Tensor> RegionParams(FSDPUnit* unit, torch::nn::Module* module) 
   if (unit != nullptr) {
     for (const FSDPParam& p : unit->param_group().params()) {
       if (p.requires_grad()) params.push_back(p.compute());
+    }
+    // Its ignored parameters are the module's own: their gradients too.
+    for (const at::Tensor& t : unit->ignored_params()) {
+      if (t.requires_grad()) params.push_back(t);
     }
     return params;
   }

@@ -107,12 +107,17 @@ struct FSDPOptions {
   // positive.
   c10::optional<double> gradient_divide_factor;
   // Parameters of the module's subtree that this unit leaves alone: not
-  // sharded, never all-gathered, cast or reduced; each rank keeps its own
-  // full copy and its .grad is this rank's own gradient: all-reduce it
-  // yourself after the backward that syncs. Matched by tensor identity
-  // (tensors that are not the module's are passed over, so one list can
-  // serve every unit). Mixed precision does not cast them: a module that
-  // combines them with param_dtype activations must accept the mix.
+  // sharded, never all-gathered or reduced; each rank keeps its own full
+  // copy and its .grad is this rank's own gradient: all-reduce it yourself
+  // after the backward that syncs. Matched by tensor identity (tensors that
+  // are not the module's are passed over, so one list can serve every
+  // unit). Under mp_policy each one that param_dtype would cast is cast
+  // with the unit (PyTorch leaves them alone, so a bf16 block with an
+  // ignored float32 bias fails there): from the unit's forward to the end
+  // of its backward the parameter's data is a param_dtype copy of its
+  // value, then its own value again; it stays the same tensor, its value,
+  // .grad and optimizer state in its own dtype. A forward without
+  // gradients restores it at once.
   std::vector<at::Tensor> ignored_params;
   // Where the unit's shards, gradients and optimizer state live (see
   // OffloadPolicy); default: with the parameters, no offload.

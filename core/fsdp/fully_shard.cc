@@ -20,13 +20,22 @@ namespace {
 // Collects the parameters `module` owns: its own and its descendants', except
 // those under modules that are already sharded. Tied parameters (one tensor
 // registered in several places) become one FSDPParam with several slots.
+// The ignored ones found there go to `ignored_here`, each once.
 void CollectParams(torch::nn::Module& module, const std::string& prefix,
                    const std::unordered_set<c10::TensorImpl*>& ignored,
                    std::vector<FSDPParam>& params,
-                   std::unordered_map<c10::TensorImpl*, size_t>& by_impl) {
+                   std::unordered_map<c10::TensorImpl*, size_t>& by_impl,
+                   std::vector<at::Tensor>& ignored_here) {
   for (const auto& item : module.named_parameters(/*recurse=*/false)) {
     const at::Tensor& t = item.value();
-    if (!t.defined() || ignored.count(t.unsafeGetTensorImpl())) continue;
+    if (!t.defined()) continue;
+    if (ignored.count(t.unsafeGetTensorImpl())) {
+      auto same = [&](const at::Tensor& other) { return other.is_same(t); };
+      if (std::none_of(ignored_here.begin(), ignored_here.end(), same)) {
+        ignored_here.push_back(t);
+      }
+      continue;
+    }
     auto [it, inserted] = by_impl.emplace(t.unsafeGetTensorImpl(), params.size());
     if (inserted) params.emplace_back(prefix + item.key(), t);
     params[it->second].add_slot(&module, item.key());
@@ -34,7 +43,7 @@ void CollectParams(torch::nn::Module& module, const std::string& prefix,
   for (const auto& child : module.named_children()) {
     if (unit_of(*child.value())) continue;  // owned by an inner unit
     CollectParams(*child.value(), prefix + child.key() + ".", ignored, params,
-                  by_impl);
+                  by_impl, ignored_here);
   }
 }
 
@@ -97,9 +106,20 @@ std::shared_ptr<FSDPUnit> fully_shard(
   }
   std::vector<FSDPParam> params;
   std::unordered_map<c10::TensorImpl*, size_t> by_impl;
-  CollectParams(*module, "", ignored, params, by_impl);
+  std::vector<at::Tensor> ignored_here;
+  CollectParams(*module, "", ignored, params, by_impl, ignored_here);
   CheckNotOwnedElsewhere(*module, params);
-  auto unit = std::make_shared<FSDPUnit>(module, options, std::move(params));
+  // An ignored parameter tied into an inner unit's part too is that unit's
+  // to cast (units are sharded bottom-up).
+  for (const auto& other : UnitRegistry::Get().live_units()) {
+    for (const at::Tensor& t : other->ignored_params()) {
+      ignored_here.erase(std::remove_if(ignored_here.begin(), ignored_here.end(),
+                                        [&](const at::Tensor& mine) { return mine.is_same(t); }),
+                         ignored_here.end());
+    }
+  }
+  auto unit = std::make_shared<FSDPUnit>(module, options, std::move(params),
+                                         std::move(ignored_here));
   UnitRegistry::Get().add(module, unit);
   return unit;
 }

@@ -42,6 +42,13 @@ class Fields {
     if (!at(field).is_number()) Fail(field, "must be a number, got " + at(field).dump());
     return at(field).get<double>();
   }
+  // `v` (the field's value, or one element of it) as an integer >= 0.
+  int64_t NonNegativeInteger(const json& v, const std::string& field) const {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+      Fail(field, "must be a non-negative integer, got " + v.dump());
+    }
+    return v.get<int64_t>();
+  }
   bool BoolOr(const std::string& field, bool fallback) const {
     if (!has(field)) return fallback;
     if (!at(field).is_boolean()) Fail(field, "must be true or false, got " + at(field).dump());
@@ -65,13 +72,19 @@ class Fields {
   std::string where_;
 };
 
-at::ScalarType DtypeOf(const Fields& f, const std::string& field) {
-  const std::string name = f.StringOr(field, "");
+c10::optional<at::ScalarType> FloatDtypeOrNone(const std::string& name) {
   if (name == "float32") return at::kFloat;
   if (name == "bfloat16") return at::kBFloat16;
   if (name == "float16") return at::kHalf;
   if (name == "float64") return at::kDouble;
-  f.Fail(field, "is \"" + name + "\"; supported: float32, bfloat16, float16, float64");
+  return c10::nullopt;
+}
+
+at::ScalarType DtypeOf(const Fields& f, const std::string& field) {
+  const std::string name = f.StringOr(field, "");
+  const c10::optional<at::ScalarType> dtype = FloatDtypeOrNone(name);
+  if (!dtype) f.Fail(field, "is \"" + name + "\"; supported: float32, bfloat16, float16, float64");
+  return *dtype;
 }
 
 // The rotary settings: rope_parameters (transformers 5) or rope_scaling (4),
@@ -149,6 +162,15 @@ void ReadSlidingWindow(const Fields& f, HfLlamaConfig& c) {
 
 }  // namespace
 
+at::ScalarType FloatDtypeOfName(const std::string& name) {
+  const c10::optional<at::ScalarType> dtype = FloatDtypeOrNone(name);
+  if (!dtype) {
+    throw InvalidArgumentError("dtype \"" + name +
+                               "\": known are \"float32\", \"bfloat16\", \"float16\", \"float64\"");
+  }
+  return *dtype;
+}
+
 HfLlamaConfig ParseHfConfig(const std::string& json_text, const std::string& where) {
   json j;
   try {
@@ -186,6 +208,20 @@ HfLlamaConfig ParseHfConfig(const std::string& json_text, const std::string& whe
                              : c.model_type == "mistral" ? 8
                                                          : 32;
   c.num_key_value_heads = f.SizeOr("num_key_value_heads", kv_default);
+  // Integer fields that transformers reads but this model does not need
+  // are still checked: an integer in range, or the file is refused.
+  c.max_position_embeddings = f.SizeOr("max_position_embeddings", 0);
+  f.SizeOr("pretraining_tp", 1);
+  if (f.has("max_window_layers")) f.NonNegativeInteger(f.at("max_window_layers"), "max_window_layers");
+  for (const char* field : {"bos_token_id", "eos_token_id"}) {
+    if (!f.has(field)) continue;
+    const json& ids = f.at(field);  // eos_token_id may list several
+    if (ids.is_array()) {
+      for (const json& id : ids) f.NonNegativeInteger(id, field);
+    } else {
+      f.NonNegativeInteger(ids, field);
+    }
+  }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     f.Fail("num_key_value_heads", "(" + std::to_string(c.num_key_value_heads) +
                                       ") must divide num_attention_heads (" +
@@ -278,6 +314,7 @@ std::string ToConfigJson(const HfLlamaConfig& c, at::ScalarType dtype) {
       j["mlp_bias"] = c.mlp_bias;
     }
     if (c.pad_token_id) j["pad_token_id"] = *c.pad_token_id;
+    if (c.max_position_embeddings > 0) j["max_position_embeddings"] = c.max_position_embeddings;
     const int64_t window = c.sliding_window.empty() ? 0 : c.sliding_window.back();
     if (c.model_type == "mistral") j["sliding_window"] = window > 0 ? json(window) : json(nullptr);
     if (c.model_type == "qwen2") {

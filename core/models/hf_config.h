@@ -43,6 +43,9 @@ struct HfLlamaConfig {
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;
   int64_t head_dim = 0;  // config's, else hidden_size / num_attention_heads
+  // The context the checkpoint was trained for (0: not given). Rotary
+  // embeddings do not limit the sequence length; kept for saving.
+  int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope;
@@ -66,7 +69,11 @@ struct HfLlamaConfig {
 // default, linear or llama3 (or llama3 without its four keys), a partial
 // rotary factor, attention dropout, quantization, heads that the key/value
 // heads do not divide, an odd head_dim, a non-positive size or a bad
-// layer_types.
+// layer_types. Integer fields are integers in range wherever they are
+// given, also those the model does not use (max_position_embeddings and
+// pretraining_tp positive; bos_token_id, eos_token_id -- or a list of them
+// -- and max_window_layers non-negative): 1e-300, 4096.5 or "4096" is
+// refused naming the field.
 HfLlamaConfig ParseHfConfig(const std::string& json_text, const std::string& where);
 
 // DIR/config.json parsed; NotFoundError if it does not exist.
@@ -77,6 +84,11 @@ HfLlamaConfig LoadHfConfig(const std::string& dir);
 // architectures filled in where absent, or, for a config made in code,
 // transformers 5's form of its fields.
 std::string ToConfigJson(const HfLlamaConfig& config, at::ScalarType dtype);
+
+// "float32", "bfloat16", "float16" or "float64" (as JSON configurations
+// name a floating-point dtype); InvalidArgumentError naming the four
+// otherwise.
+at::ScalarType FloatDtypeOfName(const std::string& name);
 
 // The rotary inverse frequencies, float32 [head_dim / 2], as transformers
 // computes them (in float32, with the config's scaling applied).

@@ -156,6 +156,38 @@ TEST(HfConfig, WhatTheModelCannotRepresentIsRefusedByName) {
                 "\"layer_types\" has \"chunked\"");
 }
 
+// Integer fields must be integers in range wherever they appear, also
+// those the model does not use: a float, a string, an exponent-written
+// number or a negative value is refused naming the field.
+TEST(HfConfig, IntegerFieldsAreIntegersInRange) {
+  const std::string c = kLlama3;
+  for (const char* bad : {"1e-300", "4096.5", "4096.0", "1e3", "\"4096\"", "0", "-4096", "true"}) {
+    ExpectInvalid(With(c, "max_position_embeddings", bad),
+                  "\"max_position_embeddings\" must be a positive integer, got ");
+  }
+  ExpectInvalid(With(c, "vocab_size", "1e-300"), "\"vocab_size\" must be a positive integer");
+  ExpectInvalid(With(c, "num_hidden_layers", "2.5"),
+                "\"num_hidden_layers\" must be a positive integer");
+  ExpectInvalid(With(c, "pretraining_tp", "0.5"), "\"pretraining_tp\" must be a positive integer");
+  ExpectInvalid(With(c, "bos_token_id", "1e-300"), "\"bos_token_id\" must be a non-negative integer");
+  ExpectInvalid(With(c, "eos_token_id", "-1"), "\"eos_token_id\" must be a non-negative integer");
+  ExpectInvalid(With(c, "eos_token_id", "[128001, 0.5]"),
+                "\"eos_token_id\" must be a non-negative integer, got 0.5");
+  ExpectInvalid(With(c, "max_window_layers", "1e-300"),
+                "\"max_window_layers\" must be a non-negative integer");
+  ExpectInvalid(With(c, "head_dim", "16.0"), "\"head_dim\" must be a positive integer");
+  // What published configs hold is read; null means absent.
+  HfLlamaConfig ok = ParseHfConfig(
+      With(With(With(With(c, "max_position_embeddings", "131072"), "bos_token_id", "128000"),
+                "eos_token_id", "[128001, 128008, 128009]"),
+           "pretraining_tp", "1"),
+      "config.json");
+  EXPECT_EQ(ok.max_position_embeddings, 131072);
+  EXPECT_EQ(ParseHfConfig(With(c, "max_position_embeddings", "null"), "c").max_position_embeddings,
+            0);
+  EXPECT_EQ(ParseHfConfig(With(c, "eos_token_id", "null"), "c").max_position_embeddings, 0);
+}
+
 // Inverse frequencies computed here in double, apart from the float32 ops
 // under test.
 std::vector<double> DefaultInvFreq(double theta, int64_t dim) {

@@ -223,7 +223,10 @@ struct FSDP2StrategyOptions {
   // over those names ("lm_head.*", "*.bias": fnmatch's *, ? and [...]; *
   // matches dots too). Each stays whole on every rank (its full size in
   // memory per rank, none of its all-gathers or reductions), never sharded,
-  // gathered, cast to param_dtype or reduced by FSDP. Their gradients are
+  // gathered or reduced by FSDP. Under mp_policy (the default bf16 one
+  // too) each is cast with its unit: the unit's forward and backward see a
+  // param_dtype copy, while its value, gradient and optimizer state stay
+  // in its own dtype (fsdp::FSDPOptions::ignored_params). Their gradients are
   // the caller's (ignored_params_all_reduce false, PyTorch's behaviour:
   // each rank keeps its own, and the ranks' copies drift apart unless the
   // caller reduces them) or all-reduced by backward() over the
@@ -428,6 +431,24 @@ class FSDP2Strategy {
   void broadcast(at::Tensor& tensor, int src = 0);
   // Sum or mean over the data-parallel ranks, as a new tensor.
   at::Tensor reduce(const at::Tensor& tensor, bool mean = true);
+  // Explicit unshard / reshard of one sharded module (an FSDP unit), by
+  // its name in the model's named_modules() ("blocks.0"; "" is the root):
+  // fsdp::unshard and fsdp::reshard (core/fsdp/fully_shard.h). unshard
+  // all-gathers the module's parameters ahead of its forward, e.g. to
+  // overlap them with work of the caller's own; with async_op it returns at
+  // once, and wait() on the handle (or the module's forward) completes the
+  // all-gather. The forward then finds them gathered and reshards after it
+  // as the options say. reshard frees the gathered parameters (waiting for
+  // an all-gather in flight); nothing when sharded. Collective over the
+  // module's shard group: every rank makes the same calls in the same
+  // order. After parallelize() (FailedPreconditionError otherwise);
+  // InvalidArgumentError naming a module that does not exist or is not
+  // sharded.
+  fsdp::UnshardHandle unshard(const std::string& module_name, bool async_op = false);
+  // Frees the gathered parameters of the sharded module `module_name`, as
+  // described above (fsdp::reshard).
+  void reshard(const std::string& module_name);
+
   // Waits for a background save in flight (throwing its error) and drops
   // the optimizer and any optimizer state still pending; the process groups
   // live until the strategy is destroyed.

@@ -59,24 +59,46 @@ void RequireStillParameters(torch::nn::Module& root, const std::vector<at::Tenso
   }
 }
 
+namespace {
+
+std::shared_ptr<torch::nn::Module> FindSharded(
+    const std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>>& by_name,
+    const std::string& name, const std::string& what) {
+  auto it = by_name.find(name);
+  if (it == by_name.end() || !fsdp::unit_of(*it->second)) {
+    throw InvalidArgumentError(
+        "FSDP2Strategy: " + what + " names '" + name + "', which is " +
+        (it == by_name.end() ? "not a module of the model" : "not a sharded module (an FSDP unit)") +
+        "; names are the model's named_modules() names of sharded modules, \"\" the root");
+  }
+  return it->second;
+}
+
+std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> ModulesByName(
+    torch::nn::Module& root) {
+  std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> by_name;
+  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
+    by_name.emplace(item.key(), item.value());
+  }
+  return by_name;
+}
+
+}  // namespace
+
+std::shared_ptr<torch::nn::Module> ShardedModuleByName(torch::nn::Module& root,
+                                                       const std::string& name,
+                                                       const std::string& what) {
+  return FindSharded(ModulesByName(root), name, what);
+}
+
 void ApplyPrefetchModules(
     torch::nn::Module& root,
     const std::map<std::string, std::vector<std::string>>& forward,
     const std::map<std::string, std::vector<std::string>>& backward) {
   if (forward.empty() && backward.empty()) return;
-  std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> by_name;
-  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
-    by_name.emplace(item.key(), item.value());
-  }
+  const auto by_name = ModulesByName(root);
   auto find = [&](const std::string& name, const char* option) {
-    auto it = by_name.find(name);
-    if (it == by_name.end() || !fsdp::unit_of(*it->second)) {
-      throw InvalidArgumentError(
-          std::string("FSDP2Strategy: ") + option + " names '" + name + "', which is " +
-          (it == by_name.end() ? "not a module of the model" : "not a sharded module (an FSDP unit)") +
-          "; names are the model's named_modules() names of sharded modules, \"\" the root");
-    }
-    return it->second;
+    return FindSharded(by_name, name, option);
   };
   for (const bool is_forward : {true, false}) {
     const char* option = is_forward ? "forward_prefetch_modules" : "backward_prefetch_modules";

@@ -35,6 +35,13 @@ std::vector<at::Tensor> MatchParameters(torch::nn::Module& root,
 void RequireStillParameters(torch::nn::Module& root, const std::vector<at::Tensor>& matched,
                             const char* option);
 
+// The module of `root` that named_modules() calls `name` ("" is `root`),
+// which must be sharded (an FSDP unit). Throws std::invalid_argument naming
+// `what` and the name: not a module of the model, or not sharded.
+std::shared_ptr<torch::nn::Module> ShardedModuleByName(torch::nn::Module& root,
+                                                       const std::string& name,
+                                                       const std::string& what);
+
 // fsdp::set_modules_to_{forward,backward}_prefetch for every entry, by
 // named_modules() name, then fsdp::check_prefetch_lists(root). Throws
 // std::invalid_argument naming an unknown or unsharded module.

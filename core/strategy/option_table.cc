@@ -426,8 +426,10 @@ OptionTable<Strategy> MakeStrategyTable() {
           }),
       Row<Strategy>("ignored_params", OptionType::kText, nullptr,
                     "parameters kept whole on every rank, by name or glob (\"lm_head.*\"), "
-                    "comma-separated (JSON also a list): never sharded, gathered, cast or "
-                    "reduced; full size in memory on each rank")
+                    "comma-separated (JSON also a list): never sharded, gathered or reduced; "
+                    "full size in memory on each rank; under mixed precision cast with their "
+                    "block for its forward and backward, value and gradient kept in their "
+                    "own dtype")
           .normalize(NameList("ignored_params")).flag("ignored-params").see("sharding.md")
           .apply([](Strategy& o, const json& v) {
             o.ignored_params = v.is_string() ? SplitNames(v.get<std::string>())

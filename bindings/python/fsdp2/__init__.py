@@ -28,14 +28,15 @@ from ._library import __version__, abi_version, allocator, version
 from ._options import Optimizer, option_schema
 from ._model import Model
 from ._data import TokenDataLoader
-from ._strategy import MEMORY_STATS, STRATEGY_NAMES, FSDP2Strategy, StepResult, strategy
+from ._strategy import (MEMORY_STATS, STRATEGY_NAMES, FSDP2Strategy, StepResult, UnshardHandle,
+                        strategy)
 from ._launch import is_rank_process, launch_local, restart_count, restart_with_rank_environment
 
 __all__ = [
     "Error", "InvalidArgumentError", "InvalidHandleError", "WrongOrderError",
     "ShapeError", "FileError", "CommunicationError", "OutOfMemoryError",
     "InternalError", "FSDP2Strategy", "Model",
-    "Optimizer", "TokenDataLoader", "StepResult", "launch_local",
+    "Optimizer", "TokenDataLoader", "StepResult", "UnshardHandle", "launch_local",
     "is_rank_process", "version", "abi_version", "allocator", "restart_count",
     "restart_with_rank_environment", "option_schema",
     "MEMORY_STATS", "strategy", "STRATEGY_NAMES",

@@ -16,6 +16,23 @@ from ._model import _init_context
 from ._options import Optimizer, _step_options, _with_options
 
 
+class UnshardHandle(_Handle):
+    """An all-gather started by FSDP2Strategy.unshard(module, async_op=True),
+    as PyTorch's FSDPModule.unshard returns: wait() completes it (the
+    module's forward, or reshard(), would too)."""
+
+    _destroy = staticmethod(_c.fsdp2_unshard_handle_destroy)
+
+    def wait(self):
+        """Waits for the all-gather: the module's parameters are then whole.
+        Frees the handle (a handle waits once; close() frees one without
+        waiting). InvalidHandleError once closed."""
+        try:
+            _c.fsdp2_unshard_handle_wait(self.handle)
+        finally:
+            self.close()
+
+
 class StepResult(float):
     """A training step's loss (a float) with .loss, .grad_norm and .step."""
 
@@ -308,6 +325,31 @@ class FSDP2Strategy(_Handle):
             return
         for name, value in state.items():
             self.set_parameter(name, value)
+
+    # -- explicit unshard and reshard ------------------------------------
+    def unshard(self, module, async_op=False):
+        """Collective over the module's shard group: all-gathers the
+        parameters of the sharded module named `module` (as the model names
+        its modules: "blocks.0"; "" is the root) ahead of its forward, which
+        then finds them gathered and reshards after it as configured
+        (PyTorch's FSDPModule.unshard). async_op=False returns once they are
+        gathered, and None; True returns at once an UnshardHandle whose
+        wait() completes the all-gather. After parallelize()
+        (WrongOrderError); InvalidArgumentError naming a module that is not
+        a sharded module of the model. Every rank makes the same calls in
+        the same order."""
+        handle = UnshardHandle(_c.fsdp2_strategy_unshard(self.handle, module, 1 if async_op else 0))
+        if async_op:
+            return handle
+        handle.close()
+        return None
+
+    def reshard(self, module):
+        """Collective over the module's shard group: frees the gathered
+        parameters of the sharded module named `module`, waiting for an
+        all-gather in flight; nothing when they are sharded (PyTorch's
+        FSDPModule.reshard). Errors as unshard()."""
+        _c.fsdp2_strategy_reshard(self.handle, module)
 
     def memory_stats(self):
         """What this rank holds, in bytes, as a dict (the fields of the C

@@ -52,19 +52,40 @@ def local_rows(s, step):
     return [tokens[r * n:(r + 1) * n], targets[r * n:(r + 1) * n]]
 
 
+def unshard_ahead(s, step):
+    """Gathers blocks.1 (asynchronously) and the root ahead of `step`;
+    frees both again before odd steps, so their forwards gather them."""
+    before = s.memory_stats()["unsharded_param_bytes"]
+    s.unshard("blocks.1", async_op=True).wait()
+    assert s.unshard("") is None
+    gathered = s.memory_stats()["unsharded_param_bytes"]
+    assert s.world_size == 1 or gathered > before, (before, gathered)
+    if step % 2 == 1:
+        s.reshard("blocks.1")
+        s.reshard("")
+        assert s.memory_stats()["unsharded_param_bytes"] == before
+
+
 # ---------------------------------------------------------------------------
 # Worker side
 
 
 def worker(scenario, out, *args):
     if scenario == "train":
-        # steps, checkpoint dir or "-", [activation checkpointing, dropout]
+        # steps, checkpoint dir or "-", [activation checkpointing, dropout,
+        # "unshard": gather blocks ahead of each step, free them before odd ones]
         steps, ckpt = int(args[0]), args[1]
         ac = args[2] if len(args) > 2 else "none"
         dropout = float(args[3]) if len(args) > 3 else 0.0
+        unshard = len(args) > 4 and args[4] == "unshard"
         with new_strategy(dropout=dropout, activation_checkpointing=ac) as s:
-            losses = [float(s.training_step(local_rows(s, i), i, accumulate_grad_batches=2,
-                                            gradient_clip_val=0.5)) for i in range(steps)]
+            losses = []
+            for i in range(steps):
+                if unshard:
+                    unshard_ahead(s, i)
+                losses.append(float(s.training_step(local_rows(s, i), i,
+                                                    accumulate_grad_batches=2,
+                                                    gradient_clip_val=0.5)))
             if ckpt != "-":
                 s.save_checkpoint(ckpt)
             state = s.lightning_module_state_dict()  # collective
@@ -472,6 +493,48 @@ def test_an_outside_rank_restarts_with_the_rank_environment(tmp_path):
     r, runs = run(tmp_path / "complete", FSDP2_ALLOCATOR="system", OMP_WAIT_POLICY="ACTIVE")
     assert runs == 1, r.stdout + r.stderr
     assert "allocator system" in r.stdout and "wait ACTIVE" in r.stdout, r.stdout
+
+
+def test_unshard_and_reshard_by_module_name(tmp_path):
+    """Explicit unshard (with its handle) and reshard in this process: a
+    world of one in bf16, where an unsharded block holds a bf16 copy."""
+    os.environ["FSDP2_STORE_PATH"] = str(tmp_path / "store")
+    try:
+        with fsdp2.FSDP2Strategy(precision="bf16", device="cpu") as s:
+            s.setup_environment()
+            with pytest.raises(fsdp2.WrongOrderError, match="parallelize"):
+                s.unshard("blocks.0")
+            with fsdp2.Model.gpt(**GPT) as model:
+                s.connect(model)
+            s.parallelize()
+            assert s.memory_stats()["unsharded_param_bytes"] == 0
+            handle = s.unshard("blocks.0", async_op=True)
+            assert isinstance(handle, fsdp2.UnshardHandle)
+            handle.wait()
+            assert handle.closed
+            with pytest.raises(fsdp2.InvalidHandleError, match="closed"):
+                handle.wait()
+            assert s.memory_stats()["unsharded_param_bytes"] > 0
+            s.reshard("blocks.0")
+            assert s.memory_stats()["unsharded_param_bytes"] == 0
+            with s.unshard("", async_op=True):
+                pass  # closed without waiting: reshard completes it
+            s.reshard("")
+            assert s.memory_stats()["unsharded_param_bytes"] == 0
+            with pytest.raises(fsdp2.InvalidArgumentError,
+                               match="'blocks.5', which is not a module of the model"):
+                s.unshard("blocks.5")
+            with pytest.raises(fsdp2.InvalidArgumentError, match="not a sharded module"):
+                s.reshard("blocks.0.attn")
+    finally:
+        del os.environ["FSDP2_STORE_PATH"]
+
+
+def test_explicit_unshard_changes_no_bit_of_training():
+    plain = launch(2, "train", 4, "-")
+    gathered = launch(2, "train", 4, "-", "none", 0.0, "unshard")
+    for key in plain:
+        np.testing.assert_array_equal(gathered[key], plain[key], err_msg=key)
 
 
 def test_two_ranks_equal_one_rank():

@@ -1,6 +1,7 @@
 // fsdp2/core/comm/internal/c10d.h
 //
-// The c10d headers core/comm builds on: the stores (TCP, file, prefix) and,
+// The c10d headers core/comm builds on: the stores (TCP, file, in-process
+// hash, prefix) and,
 // in CUDA builds, ProcessGroupNCCL. Every process group is a c10d::Backend.
 // ProcessGroupGloo.hpp is not here: gloo_backend.h says why.
 #ifndef FSDP2_CORE_COMM_INTERNAL_C10D_H_
@@ -8,6 +9,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL

@@ -68,11 +68,13 @@ struct PreBackwardFunction
 }  // namespace
 
 FSDPUnit::FSDPUnit(const std::shared_ptr<torch::nn::Module>& module,
-                   const FSDPOptions& options, std::vector<FSDPParam> params)
+                   const FSDPOptions& options, std::vector<FSDPParam> params,
+                   std::vector<at::Tensor> ignored)
     : module_(module.get()),
       module_alive_(module),
       options_(options),
-      group_(std::move(params), options) {
+      group_(std::move(params), options),
+      ignored_(std::move(ignored), options.mp_policy.param_dtype) {
   reshard_after_forward_ = options_.reshard_after_forward.value_or(
       options_.strategy == ShardingStrategy::kFullShard ||
       options_.strategy == ShardingStrategy::kHybridShard);
@@ -159,6 +161,7 @@ void FSDPUnit::pre_forward() {
   if (!root) root = init_as_root();  // the first unit entered
   if (root_state_) root->begin_forward();
   root->enter_forward(this);
+  ignored_.cast();
   if (at::GradMode::is_enabled() && !grad_params_.empty()) attach_grad_node();
 }
 
@@ -189,6 +192,7 @@ std::vector<at::Tensor> FSDPUnit::post_forward(
     std::vector<at::Tensor> outputs) {
   const bool grad = at::GradMode::is_enabled();
   reshard_after_pass(grad);
+  if (!grad) ignored_.restore();  // else the backward needs the copies
   if (root_state_) root_state_->end_forward();
   const auto& dtype = options_.mp_policy.output_dtype;
   if (root_state_ && dtype.has_value()) {
@@ -219,6 +223,7 @@ std::vector<at::Tensor> FSDPUnit::post_forward(
 void FSDPUnit::abort_forward() {
   // Leave no half-done state behind: the next step starts from shards.
   group_.reshard();
+  ignored_.restore();
 }
 
 // ------------------------------------------------------------------ backward
@@ -271,6 +276,7 @@ void FSDPUnit::end_backward() {
   group_.finish_reduction();
   group_.flush_local_grads();
   group_.reshard();
+  ignored_.restore();
   for (const FSDPParam& p : group_.params()) {
     torch::autograd::impl::set_gradient_edge(p.compute(), Edge());
   }

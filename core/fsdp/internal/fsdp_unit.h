@@ -47,6 +47,7 @@
 #include "core/fsdp/internal/fsdp_param.h"
 #include "core/fsdp/internal/fsdp_param_group.h"
 #include "core/fsdp/internal/fsdp_root_state.h"
+#include "core/fsdp/internal/ignored_params.h"
 
 namespace fsdp2 {
 namespace fsdp {
@@ -54,9 +55,12 @@ namespace fsdp {
 class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
  public:
   // Shards `params` (collected from `module`'s tree) as `options` say; see
-  // FSDPParamGroup for the errors.
+  // FSDPParamGroup for the errors. `ignored`: the ignored parameters in the
+  // unit's part of the tree, which its forward casts with the policy
+  // (ignored_params.h).
   FSDPUnit(const std::shared_ptr<torch::nn::Module>& module,
-           const FSDPOptions& options, std::vector<FSDPParam> params);
+           const FSDPOptions& options, std::vector<FSDPParam> params,
+           std::vector<at::Tensor> ignored = {});
 
   // ---- the protocol (see the file comment)
   // Throws std::logic_error while the parameters are deferred (on meta).
@@ -88,6 +92,9 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   // The recomputation of this unit's forward is done (its backward comes
   // next): issue the reductions pre_backward left.
   void post_recompute();
+
+  // The ignored parameters in the unit's part of the tree (each once).
+  const std::vector<at::Tensor>& ignored_params() const { return ignored_.params(); }
 
   FSDPParamGroup& param_group() { return group_; }
   const FSDPParamGroup& param_group() const { return group_; }
@@ -128,6 +135,10 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   bool reshard_after_forward_ = true;
   FSDPParamGroup group_;
   std::vector<size_t> grad_params_;  // params that require grad: node inputs
+  // Cast for this unit's forward and backward under a mixed-precision
+  // policy: from pre_forward to end_backward (or the end of a forward
+  // without gradients).
+  IgnoredParams ignored_;
 
   // Backward state for the current step.
   std::shared_ptr<torch::autograd::Node> grad_node_;

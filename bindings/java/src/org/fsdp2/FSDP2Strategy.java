@@ -135,8 +135,9 @@ public final class FSDP2Strategy extends Handle {
 
     /**
      * Parameters kept out of sharding: names or glob patterns ("lm_head.*").
-     * Each stays whole on every rank, never sharded, gathered, cast or reduced.
-     * allReduce: backward all-reduces their gradients (training equals one
+     * Each stays whole on every rank, never sharded, gathered or reduced; under
+     * bf16 it is cast with its block for the block's forward and backward, its
+     * value and gradient staying in its own dtype. allReduce: backward all-reduces their gradients (training equals one
      * process); false, as in PyTorch: each rank keeps its own.
      */
     public Builder ignoredParams(boolean allReduce, String... patterns) {
@@ -565,6 +566,32 @@ public final class FSDP2Strategy extends Handle {
    */
   public void loadModelStateDict(String safetensorsPath) {
     Fsdp2Native.fsdp2_strategy_load_model_state_dict_file(handle(), safetensorsPath);
+  }
+
+  /**
+   * Collective over the module's shard group: all-gathers the parameters of
+   * the sharded module {@code module} (its name as the model names its
+   * modules, e.g. "blocks.0"; "" is the root) ahead of its forward, which
+   * then finds them gathered (PyTorch's {@code FSDPModule.unshard}). With
+   * {@code async} the call returns at once: {@link UnshardHandle#await()}
+   * (or the module's forward) completes the all-gather; close the handle.
+   * After {@link #parallelize()}; a name that is not a sharded module
+   * throws, naming it. Every rank makes the same calls in the same order.
+   */
+  public UnshardHandle unshard(String module, boolean async) {
+    long[] out = new long[1];
+    Fsdp2Native.fsdp2_strategy_unshard(handle(), module, async ? 1 : 0, out);
+    return new UnshardHandle(out[0]);
+  }
+
+  /**
+   * Collective over the module's shard group: frees the gathered parameters
+   * of the sharded module {@code module}, waiting for an all-gather in
+   * flight; nothing when they are sharded (PyTorch's
+   * {@code FSDPModule.reshard}).
+   */
+  public void reshard(String module) {
+    Fsdp2Native.fsdp2_strategy_reshard(handle(), module);
   }
 
   /**

@@ -344,6 +344,42 @@ class FSDP2StrategyTest {
         + " bytes with, " + none + " without");
   }
 
+  /**
+   * Explicit unshard and reshard in this JVM (a world of one, bf16: an
+   * unsharded module holds a bf16 copy): the gathered copy shows in the
+   * memory statistics and reshard frees it; handles are AutoCloseable, and
+   * bad names and closed handles throw.
+   */
+  @Test
+  void unshardAndReshardByName() {
+    try (FSDP2Strategy s = FSDP2Strategy.builder().precision("bf16").device("cpu").build()) {
+      s.setupEnvironment();
+      expect(Status.WRONG_ORDER, "parallelize", () -> s.unshard("blocks.0", true));
+      try (Model m = Model.gpt(Map.of("vocab_size", 32, "block_size", 8, "n_layer", 2,
+          "n_head", 2, "n_embd", 16))) {
+        s.connect(m, OptimizerOptions.adamw());
+      }
+      s.parallelize();
+      assertEquals(0, s.memoryStats().unshardedParamBytes);
+      UnshardHandle gather = s.unshard("blocks.0", true);
+      gather.await();
+      gather.await();  // once; a second wait returns at once
+      assertTrue(s.memoryStats().unshardedParamBytes > 0, "blocks.0 was not unsharded");
+      s.reshard("blocks.0");
+      assertEquals(0, s.memoryStats().unshardedParamBytes, "reshard freed nothing");
+      gather.close();
+      gather.close();  // twice is fine
+      expect(Status.INVALID_HANDLE, "closed", gather::await);
+      s.unshard("", false).close();
+      assertTrue(s.memoryStats().unshardedParamBytes > 0, "the root was not unsharded");
+      s.reshard("");
+      expect(Status.INVALID_ARGUMENT, "'blocks.5', which is not a module of the model",
+          () -> s.unshard("blocks.5", false));
+      expect(Status.INVALID_ARGUMENT, "'blocks.0.attn', which is not a sharded module",
+          () -> s.reshard("blocks.0.attn"));
+    }
+  }
+
   /** Memory statistics on 1 and 2 JVMs: the shards add up to the model (FULL_SHARD). */
   @Test
   void memoryStatsOfOneAndTwoJvms() throws Exception {
@@ -385,6 +421,9 @@ class FSDP2StrategyTest {
     // Built under tensorInitContext(): bit-identical to the eager build.
     List<String> deferred = runRanks(2, dir.resolve("deferred.txt"), 4, "deferred");
     assertEquals(two, deferred, "a deferred build trains differently from an eager one");
+    // Gathering blocks ahead of the steps (and freeing them) changes nothing.
+    List<String> unshard = runRanks(2, dir.resolve("unshard.txt"), 4, "unshard");
+    assertEquals(two, unshard, "explicit unshard/reshard changed the training");
     assertEquals(one.size(), two.size());
     assertTrue(one.size() > 4 + 100, "values: " + one.size());
     double first = Double.parseDouble(one.get(0).substring(5));

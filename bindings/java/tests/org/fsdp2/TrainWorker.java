@@ -7,13 +7,15 @@ import java.util.Map;
  * One rank of the multi-JVM test: trains the GPT on this rank's rows of a
  * fixed sequence of global batches and writes (rank 0) the losses and the
  * full token embedding. Usage: TrainWorker OUT STEPS [deferred] [ac=MODE]
- * [dropout=P] [memory] [acmemory]. With memory, every rank also writes its
+ * [dropout=P] [memory] [acmemory] [unshard]. With memory, every rank also writes its
  * memory statistics after the steps to OUT.memory.RANK: "sharded total
  * optimizer grads peakUnsharded rss peakRss" (bytes). With acmemory (one
  * rank), it trains another GPT instead, one whose activations outweigh the
  * rest (8 blocks, 16 rows of 128 tokens), for two steps, and writes to OUT
  * how much the second grew the resident memory (its peak after the step
- * less its size before), with activation checkpointing ac=MODE.
+ * less its size before), with activation checkpointing ac=MODE. With
+ * unshard, each step is preceded by an explicit all-gather of blocks.1
+ * (asynchronous, awaited) and of the root, freed again before odd steps.
  */
 public final class TrainWorker {
   static final int VOCAB = 32, BLOCK = 8, ROWS = 12;
@@ -93,15 +95,37 @@ public final class TrainWorker {
     }
   }
 
+  /** Gathers blocks.1 and the root ahead of step {@code step}; frees them before odd steps. */
+  static void unshardAhead(FSDP2Strategy s, int step) {
+    long before = s.memoryStats().unshardedParamBytes;
+    try (UnshardHandle gather = s.unshard("blocks.1", true)) {
+      gather.await();
+    }
+    s.unshard("", false).close();
+    long gathered = s.memoryStats().unshardedParamBytes;
+    if (s.worldSize() > 1 && gathered <= before) {
+      throw new IllegalStateException("unshard gathered nothing: " + before + " -> " + gathered);
+    }
+    if (step % 2 == 1) {
+      s.reshard("blocks.1");
+      s.reshard("");
+      long after = s.memoryStats().unshardedParamBytes;
+      if (after != before) throw new IllegalStateException("reshard left " + after + " bytes");
+    }
+  }
+
   public static void main(String[] args) throws Exception {
     int steps = Integer.parseInt(args[1]);
     boolean deferred = false;
     String ac = "none";
     double dropout = 0;
     boolean memory = false, acMemory = false;
+    boolean unshard = false;
     for (int i = 2; i < args.length; ++i) {
       if (args[i].equals("deferred")) {
         deferred = true;
+      } else if (args[i].equals("unshard")) {
+        unshard = true;
       } else if (args[i].equals("memory")) {
         memory = true;
       } else if (args[i].equals("acmemory")) {
@@ -120,7 +144,10 @@ public final class TrainWorker {
     }
     try (FSDP2Strategy s = newStrategy(deferred, ac, dropout)) {
       double[] losses = new double[steps];
-      for (int i = 0; i < steps; ++i) losses[i] = s.trainingStep(i, 2, 0.5, localBatch(s, i)).loss;
+      for (int i = 0; i < steps; ++i) {
+        if (unshard) unshardAhead(s, i);
+        losses[i] = s.trainingStep(i, 2, 0.5, localBatch(s, i)).loss;
+      }
       if (memory) {
         MemoryStats m = s.memoryStats();
         try (PrintWriter out = new PrintWriter(args[0] + ".memory." + s.rank())) {
