@@ -79,8 +79,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Backward(
 #ifdef FSDP2_KERNELS_CUDA
   if (UsesKernel(h, at::Tensor(), weight, bias)) {
     const c10::cuda::CUDAGuard guard(h.device());
-    const at::Tensor dyc = dy.contiguous();
-    const at::Tensor dsc = dsum.defined() ? dsum.contiguous() : at::Tensor();
+    const at::Tensor dyc = dy.to(h.scalar_type()).contiguous();
+    const at::Tensor dsc = dsum.defined() ? dsum.to(h.scalar_type()).contiguous() : at::Tensor();
     const at::Tensor w = weight.defined() ? weight.to(at::kFloat).contiguous() : at::Tensor();
     const int64_t rows = h.numel() / cols;
     const cudaStream_t stream = internal::StreamOf(h);

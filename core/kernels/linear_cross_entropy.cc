@@ -28,7 +28,7 @@ constexpr int64_t kChunkBytes = int64_t(256) << 20;
 at::Tensor CrossEntropyRows(at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index,
                             const at::Tensor& grad_scale) {
 #ifdef FSDP2_KERNELS_CUDA
-  if (RunsCudaKernel(logits) && logits.numel() > 0) {
+  if (RunsCudaKernel(logits) && logits.is_contiguous() && logits.numel() > 0) {
     const c10::cuda::CUDAGuard guard(logits.device());
     at::Tensor losses = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
     FSDP2_KERNEL_CHECK(cuda::CrossEntropyRows(
@@ -150,7 +150,7 @@ at::Tensor LinearCrossEntropy(const at::Tensor& x, const at::Tensor& weight,
               targets.scalar_type());
   TORCH_CHECK(options.chunk_rows >= 0, "LinearCrossEntropy: chunk_rows must be >= 0, got ",
               options.chunk_rows);
-  const at::Tensor t = targets.to(x.device(), at::kLong);
+  const at::Tensor t = targets.to(x.device(), at::kLong).contiguous();
   const bool grad =
       c10::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
   if (!grad) {

@@ -63,8 +63,8 @@ std::pair<at::Tensor, at::Tensor> Backward(const at::Tensor& dy, const at::Tenso
 #ifdef FSDP2_KERNELS_CUDA
   if (UsesKernel(h, weight)) {
     const c10::cuda::CUDAGuard guard(h.device());
-    const at::Tensor dyc = dy.contiguous();
-    const at::Tensor dsc = dsum.defined() ? dsum.contiguous() : at::Tensor();
+    const at::Tensor dyc = dy.to(h.scalar_type()).contiguous();
+    const at::Tensor dsc = dsum.defined() ? dsum.to(h.scalar_type()).contiguous() : at::Tensor();
     const at::Tensor w = weight.to(at::kFloat).contiguous();
     const int64_t rows = h.numel() / cols;
     const cudaStream_t stream = internal::StreamOf(h);
