@@ -56,7 +56,7 @@ at::Tensor CrossEntropyRows(at::Tensor& logits, const at::Tensor& targets, int64
 }
 
 struct Result {
-  at::Tensor loss;     // scalar, x's dtype
+  at::Tensor loss;     // scalar, the compute dtype
   at::Tensor dx;       // [N, C] in x's dtype, or undefined
   at::Tensor dweight;  // [V, C] in the compute dtype, or undefined
 };
@@ -99,7 +99,7 @@ Result Run(const at::Tensor& x2, const at::Tensor& weight, const at::Tensor& tar
       }
     }
   }
-  r.loss = (loss_sum / count).to(x2.scalar_type());
+  r.loss = loss_sum / count;
   return r;
 }
 
@@ -123,7 +123,11 @@ class LinearCrossEntropyFunction
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor& g = grads[0];
     at::Tensor dx, dweight;
-    if (saved[0].defined()) dx = (saved[0] * g).view(ctx->saved_data["x_shape"].toIntVector());
+    if (saved[0].defined()) {
+      // In x's dtype: no float32 copy of x's gradient.
+      dx = (saved[0] * g.to(saved[0].scalar_type()))
+               .view(ctx->saved_data["x_shape"].toIntVector());
+    }
     if (saved[1].defined()) {
       const auto type = static_cast<at::ScalarType>(ctx->saved_data["weight_type"].toInt());
       dweight = (saved[1] * g).to(type);
@@ -161,7 +165,8 @@ at::Tensor LinearCrossEntropy(const at::Tensor& x, const at::Tensor& weight,
 
 at::Tensor LinearCrossEntropyComposite(const at::Tensor& x, const at::Tensor& weight,
                                        const at::Tensor& targets, int64_t ignore_index) {
-  const at::Tensor logits = at::linear(x, weight);
+  const at::ScalarType compute = at::promote_types(x.scalar_type(), at::kFloat);
+  const at::Tensor logits = at::linear(x, weight).to(compute);
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                 targets.reshape({-1}).to(at::kLong), {}, at::Reduction::Mean,
                                 ignore_index);

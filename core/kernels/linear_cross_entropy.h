@@ -32,16 +32,20 @@ struct LinearCrossEntropyOptions {
 };
 
 // cross_entropy(linear(x, weight), targets), mean over the targets that are
-// not ignore_index (NaN when all are): x [..., C], weight [V, C], targets
-// [...] (integers, x's leading shape). Returns a scalar in x's dtype. A
-// target outside [0, V) that is not ignore_index throws on the CPU, as
-// ATen does; a CUDA kernel cannot throw, and makes the loss NaN instead.
+// not ignore_index (NaN when all are): x [..., C], weight [V, C] of x's
+// dtype, targets [...] (integers, x's leading shape). The logits are made
+// in x's dtype and the loss computed from them in float32 (float64 for
+// float64), as autocast computes cross_entropy; the scalar returned has
+// that dtype. A target outside [0, V) that is not ignore_index throws on
+// the CPU, as ATen does; a CUDA kernel cannot throw, and makes the loss NaN
+// instead.
 at::Tensor LinearCrossEntropy(const at::Tensor& x, const at::Tensor& weight,
                               const at::Tensor& targets,
                               const LinearCrossEntropyOptions& options = {});
 
 // The reference: the same in plain differentiable ATen ops, holding every
-// row's logits.
+// row's logits (cast to float32 for the loss when x is bfloat16 or
+// float16).
 at::Tensor LinearCrossEntropyComposite(const at::Tensor& x, const at::Tensor& weight,
                                        const at::Tensor& targets, int64_t ignore_index = -100);
 
