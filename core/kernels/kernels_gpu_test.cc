@@ -30,6 +30,7 @@
 #include "core/kernels/rms_norm.h"
 #include "core/kernels/rotary.h"
 #include "core/kernels/swiglu.h"
+#include "core/models/gpt.h"
 
 namespace fsdp2 {
 namespace kernels {
@@ -221,6 +222,50 @@ TEST(KernelsGpuTest, LinearCrossEntropy) {
           {in[0].to(at::kCPU, at::kDouble), in[1].to(at::kCPU, at::kDouble)}, {true, true});
       for (size_t i = 0; i < exact.size(); ++i) exact[i] = exact[i].to(got[i].scalar_type());
       ExpectAllCloseToScale(got, exact, names, p.rtol, p.atol_fraction);
+    }
+  }
+}
+
+// The built-in GPT on the GPU (its LayerNorms, ln2 fused with the residual
+// add, and the fused chunked head and loss) against the same weights on the
+// CPU, where it runs today's ATen ops: the loss and every parameter's
+// gradient, float32 (GPU float32 vs CPU float32) and bfloat16 (against
+// the CPU's float32).
+TEST(KernelsGpuTest, GptOnTheGpuMatchesTheCpu) {
+  models::GPTConfig config;
+  config.vocab_size = 1003;
+  config.block_size = 64;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.n_embd = 96;
+  torch::manual_seed(21);
+  models::GPT cpu(config);
+  const at::Tensor tokens = at::randint(config.vocab_size, {3, 65}, at::kLong);
+  at::Tensor targets = tokens.narrow(1, 1, 64).clone();
+  targets.index_put_({0, 5}, -100);
+  const at::Tensor inputs = tokens.narrow(1, 0, 64);
+  const at::Tensor want = cpu->forward(inputs, targets);
+  want.backward();
+  for (const Precision& p : kPrecisions) {
+    SCOPED_TRACE(Name(p));
+    models::GPT gpu(config);
+    {
+      c10::NoGradGuard no_grad;
+      auto src = cpu->parameters(), dst = gpu->parameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+    }
+    gpu->to(kGpu, p.dtype);
+    const at::Tensor got = gpu->forward(inputs.to(kGpu), targets.to(kGpu));
+    got.backward();
+    const double rtol = p.dtype == at::kFloat ? 1e-4 : 2e-2;
+    const double atol = p.dtype == at::kFloat ? 1e-5 : 5e-2;
+    EXPECT_TRUE(testing::AllClose(got.to(at::kCPU, at::kFloat), want, rtol, 0)) << "loss";
+    const auto named_cpu = cpu->named_parameters(), named_gpu = gpu->named_parameters();
+    for (const auto& item : named_cpu) {
+      const at::Tensor expected = item.value().grad();
+      const at::Tensor actual = named_gpu[item.key()].grad().to(at::kCPU, at::kFloat);
+      const double scale = expected.abs().max().item<double>();
+      EXPECT_TRUE(testing::AllClose(actual, expected, rtol, atol * scale)) << item.key();
     }
   }
 }

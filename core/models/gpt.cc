@@ -13,6 +13,7 @@
 
 #include "core/fsdp/fully_shard.h"
 #include "core/kernels/layer_norm.h"
+#include "core/kernels/linear_cross_entropy.h"
 #include "core/tp/parallelize.h"
 
 namespace fsdp2 {
@@ -192,6 +193,15 @@ Block GPTImpl::block(size_t i) const {
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
+  return F::linear(hidden(tokens), wte->weight);  // LM head tied to the token embedding
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& tokens, const at::Tensor& targets) {
+  if (!tokens.is_cuda()) return LanguageModelLoss(forward(tokens), targets);
+  return kernels::LinearCrossEntropy(hidden(tokens), wte->weight, targets);
+}
+
+at::Tensor GPTImpl::hidden(const at::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   TORCH_CHECK(T <= config_.block_size, "GPT: sequence length ", T,
               " exceeds block_size ", config_.block_size);
@@ -199,8 +209,7 @@ at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
   at::Tensor x = Dropout(wte->forward(tokens) + wpe->forward(positions),
                          config_.dropout, is_training());
   for (size_t i = 0; i < blocks->size(); ++i) x = fsdp::forward(block(i), x);
-  x = Norm(ln_f, x);
-  return F::linear(x, wte->weight);  // LM head tied to the token embedding
+  return Norm(ln_f, x);
 }
 
 at::Tensor LanguageModelLoss(const at::Tensor& logits, const at::Tensor& targets) {
