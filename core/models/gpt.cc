@@ -12,6 +12,8 @@
 #include <stdexcept>
 
 #include "core/fsdp/fully_shard.h"
+#include "core/kernels/layer_norm.h"
+#include "core/kernels/linear_cross_entropy.h"
 #include "core/tp/parallelize.h"
 
 namespace fsdp2 {
@@ -67,11 +69,12 @@ void InitLinear(torch::nn::Linear& linear, double std) {
 // a mixed-precision policy), its output cast back, as PyTorch's autocast
 // does with layer_norm. LibTorch 1.13's CPU layer_norm has no fast bf16
 // kernel: forward and backward of an (8, 128, 256) bf16 input took 2.58 ms
-// here, against 0.56 ms through fp32 with both casts.
+// here, against 0.56 ms through fp32 with both casts. On a GPU, the
+// LayerNorm of core/kernels (bf16 computed in fp32 inside the kernel).
 at::Tensor Norm(torch::nn::LayerNorm& ln, const at::Tensor& x) {
+  if (x.is_cuda()) return kernels::LayerNorm(x, ln->weight, ln->bias, ln->options.eps());
   const at::ScalarType type = x.scalar_type();
-  // CUDA's layer_norm computes bf16 and fp16 inputs in fp32 itself.
-  if ((type != at::kBFloat16 && type != at::kHalf) || x.is_cuda()) return ln->forward(x);
+  if (type != at::kBFloat16 && type != at::kHalf) return ln->forward(x);
   const torch::nn::LayerNormOptions& o = ln->options;
   auto options = F::LayerNormFuncOptions(o.normalized_shape()).eps(o.eps());
   if (ln->weight.defined()) options.weight(ln->weight.to(at::kFloat));
@@ -143,6 +146,13 @@ BlockImpl::BlockImpl(const GPTConfig& config) : dropout_(config.dropout) {
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  if (x.is_cuda()) {
+    // On a GPU the residual add and ln2 are one kernel.
+    const kernels::AddNormResult h = kernels::AddLayerNorm(
+        x, attn->forward(Norm(ln1, x)), ln2->weight, ln2->bias, ln2->options.eps());
+    at::Tensor m = tp::forward(fc_proj, F::gelu(tp::forward(fc, h.normed)));
+    return h.sum + Dropout(m, dropout_, is_training());
+  }
   at::Tensor h = x + attn->forward(Norm(ln1, x));
   at::Tensor m = tp::forward(fc_proj, F::gelu(tp::forward(fc, Norm(ln2, h))));
   return h + Dropout(m, dropout_, is_training());
@@ -183,6 +193,15 @@ Block GPTImpl::block(size_t i) const {
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
+  return F::linear(hidden(tokens), wte->weight);  // LM head tied to the token embedding
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& tokens, const at::Tensor& targets) {
+  if (!tokens.is_cuda()) return LanguageModelLoss(forward(tokens), targets);
+  return kernels::LinearCrossEntropy(hidden(tokens), wte->weight, targets);
+}
+
+at::Tensor GPTImpl::hidden(const at::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   TORCH_CHECK(T <= config_.block_size, "GPT: sequence length ", T,
               " exceeds block_size ", config_.block_size);
@@ -190,8 +209,7 @@ at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
   at::Tensor x = Dropout(wte->forward(tokens) + wpe->forward(positions),
                          config_.dropout, is_training());
   for (size_t i = 0; i < blocks->size(); ++i) x = fsdp::forward(block(i), x);
-  x = Norm(ln_f, x);
-  return F::linear(x, wte->weight);  // LM head tied to the token embedding
+  return Norm(ln_f, x);
 }
 
 at::Tensor LanguageModelLoss(const at::Tensor& logits, const at::Tensor& targets) {

@@ -81,6 +81,13 @@ class GPTImpl : public torch::nn::Module,
   explicit GPTImpl(const GPTConfig& config);
   // tokens: [B, T] int64 with T <= block_size. Returns logits [B, T, vocab].
   at::Tensor forward(const at::Tensor& tokens);
+  // The mean cross-entropy of the predictions for `tokens` against
+  // `targets` [B, T] (targets -100 ignored): LanguageModelLoss(forward(
+  // tokens), targets), which it runs on the CPU. On a GPU the LM head and
+  // the loss are fused and chunked (kernels::LinearCrossEntropy): no logits
+  // for the whole batch, the loss computed in float32 from the chunk's
+  // logits in the activations' dtype.
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets);
 
   const GPTConfig& config() const { return config_; }
   Block block(size_t i) const;
@@ -94,6 +101,9 @@ class GPTImpl : public torch::nn::Module,
   torch::nn::LayerNorm ln_f{nullptr};
 
  private:
+  // The last LayerNorm's output [B, T, n_embd]: what the head reads.
+  at::Tensor hidden(const at::Tensor& tokens);
+
   GPTConfig config_;
 };
 TORCH_MODULE(GPT);

@@ -48,7 +48,12 @@ at::Tensor GPTModule::loss(const strategy::Batch& batch) {
     throw InvalidArgumentError("GPTModule: a batch is {tokens, targets}, got " +
                                 std::to_string(batch.size()) + " tensor(s)");
   }
-  return LanguageModelLoss(logits(batch[0]), batch[1].to(at::kLong));
+  const at::Tensor tokens = batch[0].to(at::kLong), targets = batch[1].to(at::kLong);
+  // On a GPU the model's head and loss are fused and chunked (GPT's
+  // two-argument forward): no logits for the whole batch. On the CPU,
+  // today's ops: the logits, in the root's output dtype, then the loss.
+  if (tokens.is_cuda()) return fsdp::forward(gpt_, tokens, targets);
+  return LanguageModelLoss(logits(tokens), targets);
 }
 
 at::Tensor GPTModule::logits(const at::Tensor& tokens) {

@@ -48,7 +48,9 @@ class GPTModule : public strategy::TrainingModule {
   // parameters (local shards after parallelize()).
   std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override;
 
-  // What training_step and validation_step return.
+  // What training_step and validation_step return, through fsdp::forward:
+  // on a GPU GPT's fused head and loss (GPTImpl::forward(tokens, targets)),
+  // elsewhere LanguageModelLoss(logits(tokens), targets).
   at::Tensor loss(const strategy::Batch& batch);
   // Logits [B, T, vocab_size] of tokens [B, T], through fsdp::forward.
   at::Tensor logits(const at::Tensor& tokens);

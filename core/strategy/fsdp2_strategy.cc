@@ -138,7 +138,8 @@ Batch DataLoader::batch(int64_t index) const {
 }
 
 FSDP2Strategy::FSDP2Strategy(FSDP2StrategyOptions options)
-    : options_(std::move(options)) {
+    : options_(std::move(options)),
+      profiler_(options_.profile_steps, options_.profile_wait_steps, options_.profile_path) {
   // Every option's check, as every front end runs it (option_table.h).
   CheckOptions(StrategyOptionTable(), options_, "FSDP2Strategy: ");
 }
@@ -428,6 +429,7 @@ Batch FSDP2Strategy::to_device(const Batch& batch) const {
 
 at::Tensor FSDP2Strategy::training_step(const Batch& host_batch, int64_t batch_idx) {
   require_optimizer("training_step");
+  profiler_.before_step(global_step_, world_->rank(), world_->size());
   const Batch batch = to_device(host_batch);
   if (pending_optimizer_state_) {
     // Deferred restoration: the optimizer has state only now.
@@ -501,6 +503,7 @@ double FSDP2Strategy::optimizer_step(double max_grad_norm) {
   optimizer_->step();
   zero_grad_.zero_grad(*optimizer_);
   ++global_step_;
+  profiler_.after_step(global_step_);
   return norm;
 }
 
@@ -606,6 +609,7 @@ at::Tensor FSDP2Strategy::reduce(const at::Tensor& tensor, bool mean) {
 }
 
 void FSDP2Strategy::teardown() {
+  profiler_.finish();
   wait_for_checkpoint();
   if (host_optimizer_) {
     host_optimizer_->drain();

@@ -50,6 +50,7 @@
 #include "core/strategy/host_optimizer.h"
 #include "core/strategy/lazy_zero_grad.h"
 #include "core/strategy/memory_stats.h"
+#include "core/strategy/step_profiler.h"
 #include "core/strategy/training_module.h"
 
 namespace fsdp2 {
@@ -246,6 +247,19 @@ struct FSDP2StrategyOptions {
   // they are still sharded, gathered and saved. A pattern that matches no
   // parameter: std::invalid_argument from parallelize().
   std::vector<std::string> frozen_params;
+  // A Chrome / Perfetto trace of this many optimizer steps (0, the default:
+  // none), through LibTorch's profiler: CPU ops, each step marked
+  // "ProfilerStep#N", and where CUDA is present the CUDA kernels and copies
+  // (core/strategy/step_profiler.h). Tracing starts after
+  // profile_wait_steps steps (default 1: the first step's one-time costs,
+  // allocator growth and library set-up, stay out) and the file is written
+  // after the last traced step, or at teardown() if training stops first.
+  // Negative counts: InvalidArgumentError from the constructor.
+  int64_t profile_steps = 0;
+  int64_t profile_wait_steps = 1;
+  // Where the trace goes; with more than one rank, rank r writes it with
+  // ".rank<r>" before the extension. Open it at ui.perfetto.dev.
+  std::string profile_path = "fsdp2_trace.json";
 };
 
 // This rank's rows of a dataset held as tensors with a common first dim,
@@ -564,6 +578,7 @@ class FSDP2Strategy {
   c10::optional<std::string> pending_optimizer_state_;
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;
+  StepProfiler profiler_;  // options_.profile_steps
 };
 
 }  // namespace strategy
