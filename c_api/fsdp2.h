@@ -370,6 +370,17 @@ typedef struct fsdp2_strategy_options {
    * fails with FSDP2_ERROR_OUT_OF_MEMORY. 0 (default): the whole GPU;
    * ignored on the CPU. Negative or not finite: INVALID_ARGUMENT. */
   double gpu_memory_limit_gib;
+  /* Since ABI 1.9: a Chrome/Perfetto trace of profile_steps training steps
+   * (0, the default: none) through LibTorch's profiler: CPU ops and, on a
+   * GPU, CUDA kernels, copies and the collectives' streams. Tracing starts
+   * after profile_wait_steps steps (default 1) and the file is written
+   * after the last traced step, or when the strategy is torn down first.
+   * profile_path (default "fsdp2_trace.json"; with several ranks rank r
+   * writes it with ".rank<r>" before the extension) is copied. Negative
+   * counts, or steps without a path: INVALID_ARGUMENT. */
+  int32_t profile_steps;
+  int32_t profile_wait_steps;
+  const char* profile_path;
 } fsdp2_strategy_options_t;
 
 /* Fills `options` with the defaults, each option's in the library's option

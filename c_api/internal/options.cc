@@ -144,6 +144,9 @@ const OptionFields<fsdp2_strategy_options_t>& StrategyOptionFields() {
       {"frozen_params", Text(&S::frozen_params)},
       {"pin_memory", Bool(&S::pin_memory)},
       {"gpu_memory_limit_gib", Number(&S::gpu_memory_limit_gib)},
+      {"profile_steps", Number(&S::profile_steps)},
+      {"profile_wait_steps", Number(&S::profile_wait_steps)},
+      {"profile_path", Text(&S::profile_path)},
   };
   return *fields;
 }

@@ -452,6 +452,26 @@ OptionTable<Strategy> MakeStrategyTable() {
                                             : std::vector<std::string>{};
           })
           .get([](const Strategy& o) -> std::optional<json> { return NamesOrNull(o.frozen_params); }),
+      Row<Strategy>("profile_steps", OptionType::kInt, 0,
+                    "a Chrome/Perfetto trace of this many training steps through LibTorch's "
+                    "profiler (CPU ops, CUDA kernels, copies, the collectives' streams); 0: none")
+          .range(0, kInt32Max, "0 (no trace) or more").flag("profile").see("gpu.md")
+          .field(&Strategy::profile_steps),
+      Row<Strategy>("profile_wait_steps", OptionType::kInt, 1,
+                    "steps run before the trace starts (the first step's one-time costs stay "
+                    "out)")
+          .range(0, kInt32Max, "0 or more").flag("profile-wait").see("gpu.md")
+          .field(&Strategy::profile_wait_steps),
+      Row<Strategy>("profile_path", OptionType::kText, "fsdp2_trace.json",
+                    "the trace file; with several ranks rank r writes it with \".rank<r>\" "
+                    "before the extension; open it at ui.perfetto.dev")
+          .flag("profile-path").see("gpu.md")
+          .apply([](Strategy& o, const json& v) {
+            o.profile_path = v.is_string() ? v.get<std::string>() : std::string();
+          })
+          .get([](const Strategy& o) -> std::optional<json> {
+            return o.profile_path.empty() ? json() : json(o.profile_path);
+          }),
   };
 }
 

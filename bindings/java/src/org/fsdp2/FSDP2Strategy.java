@@ -214,6 +214,28 @@ public final class FSDP2Strategy extends Handle {
     }
 
     /**
+     * A Chrome/Perfetto trace of this many training steps through LibTorch's
+     * profiler (CPU ops; on a GPU CUDA kernels, copies and the collectives'
+     * streams), written to {@link #profilePath}. 0 (the default): none.
+     */
+    public Builder profileSteps(int steps) {
+      return set("profile_steps", steps);
+    }
+
+    /** Steps run before the trace starts. Default 1 (the first step's one-time costs stay out). */
+    public Builder profileWaitSteps(int steps) {
+      return set("profile_wait_steps", steps);
+    }
+
+    /**
+     * The trace file (default "fsdp2_trace.json"); with several ranks rank r
+     * writes it with ".rank&lt;r&gt;" before the extension.
+     */
+    public Builder profilePath(String path) {
+      return set("profile_path", path);
+    }
+
+    /**
      * Where each rank trains: "auto" (the default: its GPU where CUDA devices
      * are visible, else the CPU), "cpu", "cuda" (the local rank's GPU) or
      * "cuda:K".
