@@ -16,8 +16,14 @@ namespace kernels {
 // toolkit's nvcc against a LibTorch with CUDA (see core/kernels/BUILD).
 bool CudaKernelsBuilt();
 
+// Whether the built kernels may run: false where they are not built, or
+// where the environment says FSDP2_CUDA_KERNELS=off (or 0), read once per
+// process: every entry point then takes its ATen composite, to compare the
+// two on a GPU or to rule the kernels out.
+bool CudaKernelsEnabled();
+
 // Whether an entry point given `t` as its main input runs its CUDA kernel:
-// the kernels are built, `t` is on a CUDA device and is float32 or
+// the kernels are enabled, `t` is on a CUDA device and is float32 or
 // bfloat16. Otherwise (the CPU, float64, float16, a build without them) it
 // runs its ATen composite. An entry point may still take its composite for
 // a shape its kernel does not cover; its header says when.

@@ -151,13 +151,25 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 
 }  // namespace
 
+// The affine parameters' sizes, checked before a kernel could read past
+// them (the composite would throw).
+static void CheckAffine(const char* what, const at::Tensor& x, const at::Tensor& weight,
+                 const at::Tensor& bias) {
+  TORCH_CHECK(x.dim() >= 1, what, ": x must have a last dimension");
+  TORCH_CHECK((!weight.defined() || weight.numel() == x.size(-1)) &&
+                  (!bias.defined() || bias.numel() == x.size(-1)),
+              what, ": weight and bias must have ", x.size(-1), " elements (x's last dimension)");
+}
+
 at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                      double eps) {
+  CheckAffine("LayerNorm", x, weight, bias);
   return LayerNormFunction::apply(x, OptionalTensor(), Optional(weight), Optional(bias), eps)[0];
 }
 
 AddNormResult AddLayerNorm(const at::Tensor& x, const at::Tensor& residual,
                            const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  CheckAffine("AddLayerNorm", x, weight, bias);
   TORCH_CHECK(residual.defined() && residual.sizes() == x.sizes() &&
                   residual.scalar_type() == x.scalar_type() && residual.device() == x.device(),
               "AddLayerNorm: residual must match x (", x.sizes(), " ", x.scalar_type(), " on ",

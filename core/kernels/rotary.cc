@@ -40,9 +40,10 @@ at::Tensor RunKernel(bool backward, at::Tensor in, const at::Tensor& cos, const 
 }
 #endif
 
-bool UsesKernel(const at::Tensor& x, const at::Tensor& cos) {
+bool UsesKernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return RunsCudaKernel(x) && x.numel() > 0 && cos.scalar_type() == x.scalar_type() &&
-         cos.device() == x.device();
+         sin.scalar_type() == x.scalar_type() && cos.device() == x.device() &&
+         sin.device() == x.device();
 }
 
 class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
@@ -51,7 +52,7 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
                             const at::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
 #ifdef FSDP2_KERNELS_CUDA
-    if (UsesKernel(x, cos)) return RunKernel(/*backward=*/false, x, cos, sin);
+    if (UsesKernel(x, cos, sin)) return RunKernel(/*backward=*/false, x, cos, sin);
 #endif
     return x * cos + RotateHalf(x, /*transpose=*/false) * sin;
   }
@@ -62,7 +63,7 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     const at::Tensor& sin = saved[1];
     const at::Tensor& dy = grads[0];
 #ifdef FSDP2_KERNELS_CUDA
-    if (UsesKernel(dy, cos)) return {RunKernel(/*backward=*/true, dy, cos, sin), {}, {}};
+    if (UsesKernel(dy, cos, sin)) return {RunKernel(/*backward=*/true, dy, cos, sin), {}, {}};
 #endif
     return {dy * cos + RotateHalf(dy * sin, /*transpose=*/true), {}, {}};
   }
