@@ -6,8 +6,9 @@
 #   bench/gpu_check/gpu_check.sh run            # on the GPU machine, from the tree
 #   bench/gpu_check/gpu_check.sh run --dry-run  # here: the same steps on the CPU, tiny sizes
 #
-# pack builds //examples:train, //tests:gpu_test and //tests:nccl_transport_test
-# with -c opt, strips them and copies them with the shared libraries they need
+# pack builds //examples:train, //tests:gpu_test, //tests:nccl_transport_test,
+# //core/kernels:kernels_gpu_test and //bench:kernels with -c opt (the CUDA
+# kernels by nvcc), strips them and copies them with the shared libraries they need
 # that are neither LibTorch's, NVIDIA's nor the system's (Bazel's own
 # libraries of our code) into gpu_bundle/ (under 64 MiB; git ignores it, so
 # a device run carries it).
@@ -15,7 +16,8 @@
 # run prints one table (and writes it, with the full log, to $OUT, default
 # /tmp/gpu_check):
 #   - the GPU, its driver, CUDA and torch versions;
-#   - the GPU tests (gpu_test, nccl_transport_test): passed, failed or skipped;
+#   - the GPU tests (gpu_test, nccl_transport_test, kernels_gpu_test: each
+#     CUDA kernel against its ATen composite): passed, failed or skipped;
 #   - fp32: the losses of the first 10 steps of fsdp2's main job and of eager
 #     PyTorch from the same initial weights on the same batches, and their
 #     largest relative difference (target: 1e-4);
@@ -25,13 +27,21 @@
 #     fsdp2, eager PyTorch under autocast and PyTorch's FSDP2 (fully_shard,
 #     AdamW fused and foreach;
 #     MixedPrecisionPolicy bf16/fp32, fp32 logits), and fsdp2's ratios to them;
-#     fsdp2 with activation checkpointing too;
+#     fsdp2 with activation checkpointing too, and with the ATen
+#     composites in place of core/kernels' CUDA kernels
+#     (FSDP2_CUDA_KERNELS=off); eager PyTorch with
+#     torch.compile; and at 32 x 1024 tokens fsdp2, eager PyTorch and
+#     PyTorch with torch.compile (issue #48's targets: 1.0x compiled PyTorch,
+#     1.1x eager, 40% MFU at 32 x 1024);
 #   - CPU offload, bf16, N = 1, GPT-2 medium (24 x 1024, 16 heads), 8 x 1024
 #     tokens: fsdp2 with and without --cpu-offload (with the main job's
 #     clipping and without it) and PyTorch's FSDP2 with and without
 #     CPUOffloadPolicy(pin_memory=True), tokens/s and peak GPU memory, and
 #     GPT-2 XL (48 x 1600, 25 heads) under --gpu-memory-limit 16: 10 steps
 #     with --cpu-offload, the out-of-memory error without it.
+#   - the kernels one by one against their composites (bench/kernels), and a
+#     Chrome/Perfetto trace of two fsdp2 steps (--profile 2, gzipped, in $OUT
+#     only);
 #   - a verdict: every test PASSED, the fp32 target met and every run
 #     measured, or what was not.
 # Its exit status is the verdict's, dry run included: 0 only if everything
@@ -52,13 +62,15 @@ HERE="$ROOT/bench/gpu_check"
 pack() {
   set -e
   cd "$ROOT"
-  local targets=(//examples:train //tests:gpu_test //tests:nccl_transport_test)
+  local targets=(//examples:train //tests:gpu_test //tests:nccl_transport_test
+                 //core/kernels:kernels_gpu_test //bench:kernels)
   bazel build -c opt ${FSDP2_BAZEL_FLAGS:-} "${targets[@]}"
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
   local bin
   bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
-  for t in examples/train tests/gpu_test tests/nccl_transport_test; do
+  for t in examples/train tests/gpu_test tests/nccl_transport_test core/kernels/kernels_gpu_test \
+           bench/kernels; do
     cp "$bin/$t" "$BUNDLE/bin/"
     chmod u+w "$BUNDLE/bin/$(basename "$t")"
     strip --strip-unneeded "$BUNDLE/bin/$(basename "$t")"
@@ -83,8 +95,9 @@ run() {
   local log="$out/gpu_check.log"
   : >"$log"
   # Nothing of an earlier run may stand in for a step of this one.
-  rm -rf "$out/fsdp2_fp32" "$out/fsdp2_bf16" "$out/fsdp2_bf16_ac" "$out"/offload_* "$out"/xl_* \
-    "$out"/torch_offload*.json "$out/init_medium.safetensors"
+  rm -rf "$out/fsdp2_fp32" "$out/fsdp2_bf16" "$out/fsdp2_bf16_ac" "$out/fsdp2_bf16_aten" "$out"/offload_* "$out"/xl_* \
+    "$out"/torch_offload*.json "$out/init_medium.safetensors" "$out"/fsdp2_bf16_b* "$out"/*_fused_b*.json \
+    "$out/fsdp2_profile" "$out"/trace*.json* "$out/kernels.txt"
   rm -f "$out"/{versions.txt,tests.txt,table.md,init.safetensors,eager_fp32.json} \
     "$out"/*_bf16.json "$out"/*_test.log "$out"/fsdp2_*.log
   local py="${FSDP2_GPU_PYTHON:-/opt/torch/.venv/bin/python3}"
@@ -101,11 +114,11 @@ run() {
 
   # Sizes: GPT-2 small on the GPU; a tiny GPT on the CPU in a dry run.
   local device=cuda sizes=(--n-layer 12 --n-embd 768 --n-head 12 --block-size 1024 --vocab-size 50304)
-  local batch=8 warmup=5 steps=20 loss_steps=10
+  local batch=8 warmup=5 steps=20 loss_steps=10 big_batch=32
   if [[ $dry == 1 ]]; then
     device=cpu
     sizes=(--n-layer 2 --n-embd 64 --n-head 2 --block-size 32 --vocab-size 256)
-    batch=4 warmup=1 steps=3 loss_steps=4
+    batch=4 warmup=1 steps=3 loss_steps=4 big_batch=8
   fi
   local ref="$HERE/torch_reference.py"
   local train=(timeout 300 "$BUNDLE/bin/train" --nproc 1 --device "$device" --data synthetic
@@ -127,7 +140,7 @@ run() {
   : >"$out/tests.txt"
   local t mode=(FSDP2_REQUIRE_GPU=1)
   [[ $dry == 1 ]] && mode=(FSDP2_GPU_TEST_DRY_RUN=1)
-  for t in nccl_transport_test gpu_test; do
+  for t in nccl_transport_test gpu_test kernels_gpu_test; do
     env -u FSDP2_REQUIRE_GPU -u FSDP2_GPU_TEST_DRY_RUN "${mode[@]}" \
       timeout 240 "$BUNDLE/bin/$t" >"$out/$t.log" 2>&1
     local rc=$?
@@ -154,12 +167,37 @@ run() {
   FSDP2_BACKEND=nccl "${train[@]}" --mixed-precision bf16 --steps $((warmup + steps)) \
     --activation-checkpointing 1 --out-dir "$out/fsdp2_bf16_ac" >"$out/fsdp2_bf16_ac.log" 2>&1
   cat "$out/fsdp2_bf16_ac.log" >>"$log"
+  # The same without core/kernels' CUDA kernels (their ATen composites):
+  # what the kernels buy.
+  FSDP2_CUDA_KERNELS=off FSDP2_BACKEND=nccl "${train[@]}" --mixed-precision bf16 \
+    --steps $((warmup + steps)) --out-dir "$out/fsdp2_bf16_aten" >"$out/fsdp2_bf16_aten.log" 2>&1
+  cat "$out/fsdp2_bf16_aten.log" >>"$log"
   # PyTorch with AdamW fused (fsdp2's choice on a GPU) and, for FSDP2 (whose
   # parameters are DTensors), foreach too: PyTorch at its best.
   for run in eager:fused fsdp2:fused fsdp2:foreach; do
     "$py" "$ref" train --mode "${run%%:*}" --adamw "${run##*:}" --precision bf16 "${sizes[@]}" \
       --seed 1337 --device "$device" --init "$out/init.safetensors" --batch-size "$batch" \
       --steps "$steps" --warmup "$warmup" --json "$out/${run%%:*}_${run##*:}_bf16.json" >>"$log" 2>&1
+  done
+  # torch.compile (issue #48): eager PyTorch plus the one line, its first
+  # steps compiling (two more warm-up steps for that).
+  "$py" "$ref" train --mode eager --compile --precision bf16 "${sizes[@]}" --seed 1337 \
+    --device "$device" --init "$out/init.safetensors" --batch-size "$batch" --steps "$steps" \
+    --warmup $((warmup + 2)) --json "$out/compile_fused_bf16.json" >>"$log" 2>&1
+
+  # 32 x 1024 tokens a step (the dry run: 8 rows): fsdp2, eager PyTorch and
+  # torch.compile, where the step is long enough for MFU to mean something.
+  step "bf16 speed, $big_batch rows"
+  local big=(--steps $((warmup + steps / 2)))
+  FSDP2_BACKEND=nccl "${train[@]}" --mixed-precision bf16 --batch-size "$big_batch" "${big[@]}" \
+    --out-dir "$out/fsdp2_bf16_b$big_batch" >"$out/fsdp2_bf16_b$big_batch.log" 2>&1
+  cat "$out/fsdp2_bf16_b$big_batch.log" >>"$log"
+  local name
+  for name in eager compile; do
+    "$py" "$ref" train --mode eager $([[ $name == compile ]] && echo --compile) --precision bf16 \
+      "${sizes[@]}" --seed 1337 --device "$device" --init "$out/init.safetensors" \
+      --batch-size "$big_batch" --steps $((steps / 2)) --warmup $((warmup + 2)) \
+      --json "$out/${name}_fused_b$big_batch.json" >>"$log" 2>&1
   done
 
   # CPU offload (issue #45): GPT-2 medium, with and without offload, fsdp2
@@ -208,8 +246,22 @@ run() {
   echo "exit $?" >>"$out/xl_none.log"
   cat "$out"/xl_*.log >>"$log"
 
+  # The kernels one by one against their composites, and a trace of two
+  # fsdp2 steps (after one untraced) for ui.perfetto.dev.
+  step kernels
+  local krows=(--rows 8192 --iters 10)
+  [[ $dry == 1 ]] && krows=(--rows 64 --iters 2 --warmup 1 --seq 16)
+  timeout 120 "$BUNDLE/bin/kernels" --device "$device" "${krows[@]}" >"$out/kernels.txt" 2>&1 ||
+    echo "kernels: exit $?" >>"$out/kernels.txt"
+  cat "$out/kernels.txt" >>"$log"
+  step profile
+  FSDP2_BACKEND=nccl "${train[@]}" --mixed-precision bf16 --steps 3 --profile 2 \
+    --profile-path "$out/trace.json" --out-dir "$out/fsdp2_profile" >>"$log" 2>&1 &&
+    gzip -f "$out/trace.json"
+
   # The table ends with the verdict; table.py's exit status is the verdict's.
   "$py" "$HERE/table.py" --out "$out" --warmup "$warmup" --batch-size "$batch" \
+    --big-batch-size "$big_batch" \
     --offload-steps "$xl_steps" $([[ $dry == 1 ]] && echo --dry-run) \
     --block-size "$(printf '%s\n' "${sizes[@]}" | sed -n '/--block-size/{n;p}')" >"$out/table.md"
   local verdict=$?

@@ -61,6 +61,7 @@ while [[ $# -gt 0 ]]; do
     --mixed-precision) precision=$2; shift ;;
     --gpu-memory-limit) cap=$2; shift ;;
     --cpu-offload) offload=$2; shift ;;
+    --batch-size | --profile | --profile-path) shift ;;
   esac
   shift
 done
@@ -76,8 +77,16 @@ done >"$out/metrics.jsonl"
 echo "rank 0: cuda:0 memory: peak allocated 1024.0 MiB, peak reserved 1100.0 MiB"
 SH
 
+# bench/kernels: its table, or FAKE_KERNELS=fail: an exit before its end.
+cat >"$root/gpu_bundle/bin/kernels" <<'SH'
+#!/usr/bin/env bash
+echo "kernels on cuda, bf16, 8192 rows; CUDA kernels running"
+[[ "${FAKE_KERNELS:-}" == fail ]] && { echo "kernels: CUDA error"; exit 1; }
+echo "layer_norm 0.05 0.10 2.00x"
+SH
+
 # The GPU tests: FAKE_<NAME>=pass|fail|skip|skipcase.
-for t in gpu_test nccl_transport_test; do
+for t in gpu_test nccl_transport_test kernels_gpu_test; do
   cat >"$root/gpu_bundle/bin/$t" <<SH
 #!/usr/bin/env bash
 name=$t
@@ -140,6 +149,8 @@ expect 1 "bf16 run failed: fsdp2" "bf16 run failed: fsdp2, activation checkpoint
 expect 1 "fp32 losses: fsdp2 missing" -- FAKE_TRAIN_FAILS=fp32
 expect 1 "offload run failed: fsdp2, cpu offload (clip 1.0)" "GPT-2 XL under the cap: wanted trains" -- FAKE_OFFLOAD_FAILS=1
 expect 1 "GPT-2 XL under the cap: wanted out of memory" -- FAKE_XL_FITS=1
+expect 1 "kernels_gpu_test FAILED" -- FAKE_KERNELS_GPU_TEST=fail
+expect 1 "bench/kernels did not run to its end" -- FAKE_KERNELS=fail
 # The dry run: GPU-only cases may be skipped there, nothing else.
 expect 0 "Verdict: passed" "1 cases need a GPU: not run in a dry run" -- FAKE_NCCL_TRANSPORT_TEST=skipcase --dry-run
 expect 1 "gpu_test SKIPPED" -- FAKE_GPU_TEST=skip --dry-run

@@ -9,7 +9,8 @@ synthetic data, so that the two can be compared step for step.
         scaled by 1/sqrt(2 n_layer), zero biases) that both sides start from
         (fsdp2: --init-from).
     torch_reference.py train --mode eager|fsdp2 --precision fp32|bf16 \
-        --init init.safetensors [sizes] --steps K --warmup W --json out.json
+        --init init.safetensors [sizes] --steps K --warmup W --json out.json \
+        [--compile] [--offload] [--clip C]
         trains K steps and writes {"losses", "median_step_s", "tokens_per_s",
         "peak_allocated_bytes", "torch", ...}.
 
@@ -26,6 +27,10 @@ offload_policy=CPUOffloadPolicy(pin_memory=True) on every unit: shards,
 gradients and AdamW's state in pinned host memory, AdamW (fused, its CPU
 kernel) stepping on the host after the backward, with all the host's
 threads unless OMP_NUM_THREADS says otherwise.
+
+--compile: torch.compile(model), as a PyTorch user adds it in one line
+(after fully_shard with --mode fsdp2); its first steps compile, so give
+it --warmup.
 
 --precision bf16: eager PyTorch under torch.autocast(bfloat16); FSDP2 with
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on the blocks and
@@ -153,6 +158,10 @@ def cmd_train(a):
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=block_policy, **offload)
         fully_shard(model, mesh=mesh, mp_policy=root_policy, **offload)
+    if a.compile:
+        # One line, as a PyTorch user adds it: Inductor compiles the model's
+        # forward and backward (after fully_shard, as PyTorch's FSDP2 docs do).
+        model = torch.compile(model)
     # AdamW's implementation: "fused" (one kernel, on a GPU) or "foreach"
     # (PyTorch's default on a GPU).
     # With offload the parameters are on the host: fused is AdamW's CPU kernel.
@@ -182,7 +191,7 @@ def cmd_train(a):
     median = statistics.median(timed)
     result = {
         "mode": a.mode, "precision": a.precision, "device": str(device), "adamw": a.adamw,
-        "offload": bool(a.offload), "threads": torch.get_num_threads(),
+        "offload": bool(a.offload), "compile": bool(a.compile), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "losses": losses, "median_step_s": median,
         "tokens_per_s": a.batch_size * a.block_size / median,
         "params": sum(p.numel() for p in model.parameters()),
@@ -216,6 +225,8 @@ def main():
     t.add_argument("--offload", action="store_true",
                    help="--mode fsdp2 with CPUOffloadPolicy(pin_memory=True)")
     t.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: off)")
+    t.add_argument("--compile", action="store_true",
+                   help="torch.compile(model) (Inductor), after fully_shard with --mode fsdp2")
     t.add_argument("--json", required=True)
     a = p.parse_args()
     (cmd_init if a.cmd == "init" else cmd_train)(a)
