@@ -225,8 +225,8 @@ FSDP2_SCENARIO(gpu_train) {
 // (0 on the CPU).
 FSDP2_SCENARIO(gpu_ac_memory) {
   strategy::FSDP2StrategyOptions o = TestStrategyOptions(kSeed, kSamplerSeed);
-  o.device = Device(args.at(0));
-  o.backend = Backend(args.at(1));
+  o.device = strategy::DeviceSpec::Parse(Device(args.at(0)));
+  o.backend = comm::ParseBackend(Backend(args.at(1)));
   if (args.at(2) == "1") o.activation_checkpointing = fsdp::ActivationCheckpointing::Full();
   strategy::FSDP2Strategy s(o);
   s.setup_environment();

@@ -84,7 +84,9 @@ FSDP2_SCENARIO(offload_train) {
   strategy::FSDP2StrategyOptions o = TestStrategyOptions(kSeed, kSamplerSeed);
   o.sharding_strategy = fsdp::ParseShardingStrategy(a.get("strategy", "full_shard"));
   o.cpu_offload = a.get("offload", "0") == "1";
-  o.gradient_accumulation = a.get("accumulation", "local");
+  o.gradient_accumulation = a.get("accumulation", "local") == "sharded"
+                                ? strategy::GradientAccumulation::kSharded
+                                : strategy::GradientAccumulation::kLocal;
   o.shard_group_size = std::stoi(a.get("shard_group", "0"));
   if (a.get("ac", "none") == "full") o.activation_checkpointing = fsdp::ActivationCheckpointing::Full();
   const std::string frozen = a.get("frozen", "");

@@ -64,11 +64,15 @@ pack() {
   cd "$ROOT"
   local targets=(//examples:train //tests:gpu_test //tests:nccl_transport_test
                  //core/kernels:kernels_gpu_test //bench:kernels)
-  bazel build -c opt ${FSDP2_BAZEL_FLAGS:-} "${targets[@]}"
+  # -c opt unless FSDP2_PACK_MODE says otherwise (fastbuild: the objects a
+  # test run has built already, when there is no time for another build;
+  # LibTorch and the CUDA kernels are optimised either way).
+  local mode="${FSDP2_PACK_MODE:-opt}"
+  bazel build -c "$mode" ${FSDP2_BAZEL_FLAGS:-} "${targets[@]}"
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
   local bin
-  bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
+  bin="$(bazel info -c "$mode" ${FSDP2_BAZEL_FLAGS:-} bazel-bin 2>/dev/null)"
   for t in examples/train tests/gpu_test tests/nccl_transport_test core/kernels/kernels_gpu_test \
            bench/kernels; do
     cp "$bin/$t" "$BUNDLE/bin/"
@@ -84,7 +88,8 @@ pack() {
       esac
     done
   done
-  echo "gpu_bundle: $(du -sh "$BUNDLE" | cut -f1) ($(ls "$BUNDLE/bin" | tr '\n' ' ')+ $(ls "$BUNDLE/lib" | wc -l) libraries)"
+  echo "$mode" >"$BUNDLE/mode"
+  echo "gpu_bundle ($mode): $(du -sh "$BUNDLE" | cut -f1) ($(ls "$BUNDLE/bin" | tr '\n' ' ')+ $(ls "$BUNDLE/lib" | wc -l) libraries)"
 }
 
 run() {
@@ -133,6 +138,7 @@ run() {
     "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
 "nccl", ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-",
 "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
+    echo "fsdp2 binaries: -c $(cat "$BUNDLE/mode" 2>/dev/null || echo opt)"
   } >"$out/versions.txt" 2>&1
   cat "$out/versions.txt" >>"$log"
 

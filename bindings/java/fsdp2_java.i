@@ -434,4 +434,5 @@ FSDP2_STRUCT(fsdp2_memory_stats)
 %immutable fsdp2_strategy_options::forward_prefetch_modules;
 %immutable fsdp2_strategy_options::backward_prefetch_modules;
 %immutable fsdp2_strategy_options::frozen_params;
+%immutable fsdp2_strategy_options::profile_path;
 %include "c_api/fsdp2.h"

@@ -307,4 +307,5 @@ PyObject* fsdp2py_optimizer_state_dict(fsdp2_strategy_t* strategy) {
 %immutable fsdp2_strategy_options::forward_prefetch_modules;
 %immutable fsdp2_strategy_options::backward_prefetch_modules;
 %immutable fsdp2_strategy_options::frozen_params;
+%immutable fsdp2_strategy_options::profile_path;
 %include "c_api/fsdp2.h"

@@ -553,61 +553,6 @@ DataLoader FSDP2Strategy::process_dataloader(Batch dataset,
   return DataLoader(std::move(dataset), std::move(sampler));
 }
 
-std::string FSDP2Strategy::optimizer_state_dict() const {
-  require_optimizer("optimizer_state_dict");
-  wait_for_host_optimizer();
-  torch::serialize::OutputArchive archive;
-  optimizer_->save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void FSDP2Strategy::load_optimizer_state_dict(std::string state) {
-  if (state.empty()) {
-    throw InvalidArgumentError("load_optimizer_state_dict: empty state");
-  }
-  pending_optimizer_state_ = std::move(state);
-}
-
-std::vector<std::pair<std::string, at::Tensor>>
-FSDP2Strategy::lightning_module_state_dict(bool rank0_only) {
-  require(true, true, "lightning_module_state_dict");
-  wait_for_host_optimizer();
-  auto state = fsdp::full_state_dict(*module_->module());
-  tp::gather_tensor_parallel(*module_->module(), state);
-  if (rank0_only && world_->rank() != 0) state.clear();
-  return state;
-}
-
-void FSDP2Strategy::load_model_state_dict(
-    const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
-  require(true, true, "load_model_state_dict");
-  wait_for_host_optimizer();
-  fsdp::load_full_state_dict(*module_->module(),
-                             tp::local_state_dict(*module_->module(), state), strict);
-}
-
-void FSDP2Strategy::barrier() {
-  require(true, false, "barrier");
-  world_->group()->barrier().wait();
-}
-
-void FSDP2Strategy::broadcast(at::Tensor& tensor, int src) {
-  require(true, false, "broadcast");
-  at::Tensor buffer = tensor.contiguous();
-  world_->group()->broadcast(buffer, src).wait();
-  if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-}
-
-at::Tensor FSDP2Strategy::reduce(const at::Tensor& tensor, bool mean) {
-  require(true, false, "reduce");
-  at::Tensor out = tensor.detach().clone().contiguous();
-  mesh_->group("dp")->all_reduce(out).wait();
-  if (mean) out.div_(dp_size_);
-  return out;
-}
-
 void FSDP2Strategy::teardown() {
   profiler_.finish();
   wait_for_checkpoint();

@@ -2,8 +2,13 @@
 //
 // FSDP2Strategy's checkpoints: saving (now or in the background), loading,
 // removing and checking a target, and loading a model state dict from a
-// safetensors file (see core/checkpoint/).
+// safetensors file (see core/checkpoint/); the model's and the optimizer's
+// state dicts in memory.
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +21,7 @@
 #include "core/common/error.h"
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/hf_model.h"
+#include "core/tp/state_dict.h"
 
 namespace fsdp2 {
 namespace strategy {
@@ -128,6 +134,41 @@ void FSDP2Strategy::remove_checkpoint(const std::string& path) {
 void FSDP2Strategy::check_checkpoint_target(const std::string& path) {
   require(true, false, "check_checkpoint_target");
   checkpoint::CheckCheckpointTarget(path, *world_);
+}
+
+std::string FSDP2Strategy::optimizer_state_dict() const {
+  require_optimizer("optimizer_state_dict");
+  wait_for_host_optimizer();
+  torch::serialize::OutputArchive archive;
+  optimizer_->save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void FSDP2Strategy::load_optimizer_state_dict(std::string state) {
+  if (state.empty()) {
+    throw InvalidArgumentError("load_optimizer_state_dict: empty state");
+  }
+  pending_optimizer_state_ = std::move(state);
+}
+
+std::vector<std::pair<std::string, at::Tensor>>
+FSDP2Strategy::lightning_module_state_dict(bool rank0_only) {
+  require(true, true, "lightning_module_state_dict");
+  wait_for_host_optimizer();
+  auto state = fsdp::full_state_dict(*module_->module());
+  tp::gather_tensor_parallel(*module_->module(), state);
+  if (rank0_only && world_->rank() != 0) state.clear();
+  return state;
+}
+
+void FSDP2Strategy::load_model_state_dict(
+    const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
+  require(true, true, "load_model_state_dict");
+  wait_for_host_optimizer();
+  fsdp::load_full_state_dict(*module_->module(),
+                             tp::local_state_dict(*module_->module(), state), strict);
 }
 
 }  // namespace strategy
