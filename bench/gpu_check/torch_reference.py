@@ -154,7 +154,10 @@ def cmd_train(a):
             root_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                reduce_dtype=torch.float32,
                                                output_dtype=torch.float32)
-        offload = {"offload_policy": CPUOffloadPolicy(pin_memory=True)} if a.offload else {}
+        # Pinned where there is a GPU (pinning needs its driver; the dry run
+        # on the CPU pins nothing).
+        offload = ({"offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")}
+                   if a.offload else {})
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=block_policy, **offload)
         fully_shard(model, mesh=mesh, mp_policy=root_policy, **offload)
