@@ -379,7 +379,9 @@ typedef struct fsdp2_strategy_options {
    * writes it with ".rank<r>" before the extension) is copied. Negative
    * counts, or steps without a path: INVALID_ARGUMENT. */
   int32_t profile_steps;
+  /* Since ABI 1.9: steps run before the trace starts (default 1). */
   int32_t profile_wait_steps;
+  /* Since ABI 1.9: the trace file (default "fsdp2_trace.json"). */
   const char* profile_path;
 } fsdp2_strategy_options_t;
 

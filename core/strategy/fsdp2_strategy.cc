@@ -492,6 +492,7 @@ double FSDP2Strategy::optimizer_step(double max_grad_norm) {
       }
       zero_grad_.zero_grad(*optimizer_);
       ++global_step_;
+      profiler_.after_step(global_step_);
       return 0.0;
     }
   }

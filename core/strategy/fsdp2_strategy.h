@@ -256,6 +256,7 @@ struct FSDP2StrategyOptions {
   // after the last traced step, or at teardown() if training stops first.
   // Negative counts: InvalidArgumentError from the constructor.
   int64_t profile_steps = 0;
+  // Steps run before the trace starts (see profile_steps).
   int64_t profile_wait_steps = 1;
   // Where the trace goes; with more than one rank, rank r writes it with
   // ".rank<r>" before the extension. Open it at ui.perfetto.dev.

@@ -50,6 +50,8 @@
 namespace fsdp2 {
 namespace strategy {
 
+// The optimizer's steps with CPU offload, on a worker thread, unit by unit
+// (see the file comment).
 class HostOptimizer {
  public:
   // Steps `optimizer`, zeroing through `zero_grad`; both must outlive it.
@@ -81,9 +83,9 @@ class HostOptimizer {
   // optimizer (then optimizer_step() must not); reading clears it.
   bool take_stepped();
   // Units whose gradients were received since construction (for tests:
-  // how many hand-overs there were) and units stepped by the worker during
-  // a backward.
+  // how many hand-overs there were).
   int64_t received() const;
+  // Units stepped by the worker during a backward, since construction.
   int64_t stepped_units() const;
 
  private:

@@ -42,9 +42,9 @@ class LazyZeroGrad {
   void materialize();
 
   // The same for part of the parameters (CPU offload steps the optimizer
-  // one unit at a time): materialize() for those of `params` freed, and
-  // zero_grad() for `params` alone (after their step).
+  // one unit at a time): materialize() for those of `params` freed.
   void materialize(const std::vector<at::Tensor>& params);
+  // zero_grad() for `params` alone (after their step).
   void zero_grad(const std::vector<at::Tensor>& params);
   // Parameters freed and not yet given a gradient or a zero one.
   size_t pending() const;

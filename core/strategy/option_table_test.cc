@@ -86,7 +86,10 @@ TEST(OptionTable, ApplyThenGetGivesTheValueBack) {
       {"shuffle", false},                  {"drop_last", false},
       {"precision", "fp32"},               {"sharding_strategy", "hybrid_shard"},
       {"reshard_after_forward", 4},        {"shard_group_size", 2},
-      {"cpu_offload", false},              {"device", "cuda:3"},
+      {"cpu_offload", true},               {"device", "cuda:3"},
+      {"pin_memory", false},               {"gpu_memory_limit_gib", 16.5},
+      {"profile_steps", 3},                {"profile_wait_steps", 0},
+      {"profile_path", "/tmp/steps.json"},
       {"backend", "nccl"},                 {"timeout_ms", 1234},
       {"checkpoint_format", "full"},       {"seed", 42},
       {"activation_checkpointing", "full"}, {"ac_every", 2},
@@ -134,7 +137,14 @@ TEST(OptionTable, ChecksNameTheOptionAndWhatItMustBe) {
   EXPECT_NE(parse("gradient_accumulation", "never").find("local, sharded"), std::string::npos);
   EXPECT_NE(parse("backend", "mpi").find("unknown backend \"mpi\""), std::string::npos);
   EXPECT_NE(parse("device", "tpu").find("\"cuda:K\""), std::string::npos);
-  EXPECT_NE(parse("cpu_offload", true).find("not supported on this device"), std::string::npos);
+  EXPECT_EQ(parse("cpu_offload", true), "") << "cpu_offload is accepted (issue #45)";
+  EXPECT_NE(parse("gpu_memory_limit_gib", -1.0).find("gpu_memory_limit_gib must be 0 (the whole "
+                                                     "GPU) or a positive number of GiB"),
+            std::string::npos) << parse("gpu_memory_limit_gib", -1.0);
+  EXPECT_NE(parse("profile_steps", -1).find("profile_steps must be 0 (no trace) or more"),
+            std::string::npos) << parse("profile_steps", -1);
+  EXPECT_NE(parse("profile_wait_steps", -1).find("profile_wait_steps must be 0 or more"),
+            std::string::npos) << parse("profile_wait_steps", -1);
   EXPECT_NE(parse("ac_every", "two").find("\"ac_every\" must be a number"), std::string::npos);
   EXPECT_NE(parse("ignored_params_all_reduce", 2).find("true or false"), std::string::npos);
   EXPECT_NE(parse("ignored_params", json::array({"a,b"})).find("contains one of"),

@@ -24,6 +24,8 @@ struct RecordFunction;
 namespace fsdp2 {
 namespace strategy {
 
+// Traces a few training steps with LibTorch's profiler and writes a
+// Chrome/Perfetto trace (see the file comment).
 class StepProfiler {
  public:
   // Traces optimizer steps wait_steps + 1 ... wait_steps + steps (1-based)
