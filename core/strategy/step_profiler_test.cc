@@ -136,6 +136,35 @@ TEST(StepProfilerTest, TheStrategyTracesForwardBackwardAndTheOptimizer) {
   EXPECT_TRUE(names.count("aten::sqrt")) << "the optimizer";
 }
 
+// With CPU offload and no clipping the optimizer steps during backward()
+// (on the host optimizer's thread) and optimizer_step() only counts the
+// step: the trace still starts and ends with the steps.
+TEST(StepProfilerTest, StepsTakenDuringBackwardWithCpuOffloadCount) {
+  const std::string path = ::testing::TempDir() + "/offload.json";
+  FSDP2StrategyOptions options;
+  options.mp_policy = fsdp::MixedPrecisionPolicy{};
+  options.cpu_offload = true;
+  options.profile_steps = 2;
+  options.profile_wait_steps = 1;
+  options.profile_path = path;
+  FSDP2Strategy strategy(options);
+  strategy.setup_environment();
+  models::MLPConfig config;
+  strategy.connect(std::make_shared<models::MLPModule>(config));
+  strategy.parallelize();
+  const Batch batch = {at::randn({6, config.in_features}), at::randn({6, config.out_features})};
+  for (int step = 0; step < 3; ++step) {
+    strategy.backward(strategy.training_step(batch, step), /*sync_gradients=*/true,
+                      /*max_grad_norm=*/0.0);
+    strategy.optimizer_step(/*max_grad_norm=*/0.0);
+    EXPECT_EQ(std::ifstream(path).good(), step == 2) << "written after step 3, step " << step + 1;
+  }
+  const std::set<std::string> names = EventNames(path);
+  EXPECT_TRUE(names.count("ProfilerStep#2"));
+  EXPECT_TRUE(names.count("ProfilerStep#3"));
+  EXPECT_FALSE(names.count("ProfilerStep#1"));
+}
+
 }  // namespace
 }  // namespace strategy
 }  // namespace fsdp2
