@@ -21,6 +21,8 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include <cinttypes>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <string>
@@ -134,6 +136,9 @@ FSDP2_SCENARIO(offload_train) {
     seen << "moved_in_backward " << moved << " grad_bytes " << stats.sharded_grad_bytes
          << " peak_unsharded " << stats.peak_unsharded_param_bytes << "\n";
     const double norm = s.optimizer_step(clip);
+    const strategy::OffloadStats offload = s.offload_stats();
+    seen << "norm_parts taken " << offload.norm_parts_taken << " used " << offload.norm_parts_used
+         << " units " << offload.units_received << "\n";
     const double loss = s.reduce(at::scalar_tensor(loss_sum / k, at::kDouble)).item<double>();
     losses << step << " " << loss << " " << norm << "\n";
   }
@@ -213,10 +218,23 @@ TEST(CpuOffload, StepsDuringBackwardOnlyWhenToldThereIsNoClipping) {
   const TrainRun told = Train(2, {"offload=1"});
   EXPECT_EQ(told.seen.find("moved_in_backward 0"), std::string::npos) << told.seen;
   EXPECT_NE(told.seen.find(stepped), std::string::npos) << told.seen;
-  // Told a norm: the gradients land, the step waits for optimizer_step().
+  EXPECT_NE(told.seen.find("norm_parts taken 0 used 0"), std::string::npos) << told.seen;
+  // Told a norm: the gradients land, the step waits for optimizer_step();
+  // each gradient's share of the norm was taken as it landed, and the
+  // clipping used every share (none taken again).
   const TrainRun clipped = Train(2, {"offload=1", "clip=0.05"});
   EXPECT_EQ(clipped.seen.find("moved_in_backward 1"), std::string::npos) << clipped.seen;
   EXPECT_EQ(clipped.seen.find("grad_bytes 0 "), std::string::npos) << clipped.seen;
+  const std::string last = clipped.seen.substr(clipped.seen.rfind("norm_parts"));
+  int64_t taken = -1, used = -1, units = -1;
+  ASSERT_EQ(std::sscanf(last.c_str(), "norm_parts taken %" SCNd64 " used %" SCNd64
+                        " units %" SCNd64, &taken, &used, &units), 3) << last;
+  EXPECT_GT(taken, 0) << last;
+  EXPECT_EQ(used, taken) << "every share taken during backward serves the clipping: " << last;
+  EXPECT_GT(units, 0) << last;
+  // Told a norm but not the backward (tell=0): nothing is taken ahead.
+  const TrainRun untold = Train(2, {"offload=1", "clip=0.05", "tell=0"});
+  EXPECT_NE(untold.seen.find("norm_parts taken 0 used 0"), std::string::npos) << untold.seen;
   // Without offload the optimizer steps in optimizer_step() only.
   const TrainRun off = Train(2, {"offload=0"});
   EXPECT_EQ(off.seen.find("moved_in_backward 1"), std::string::npos) << off.seen;

@@ -376,36 +376,6 @@ void FSDP2Strategy::parallelize() {
   ResetPeakDeviceMemory(device_);
 }
 
-void FSDP2Strategy::wait_for_host_optimizer() const {
-  if (host_optimizer_) host_optimizer_->drain();
-}
-
-StrategyMemoryStats FSDP2Strategy::memory_stats() const {
-  require(/*setup=*/false, /*parallelized=*/true, "memory_stats");
-  wait_for_host_optimizer();
-  const fsdp::MemoryStats engine = fsdp::memory_stats(*module_->module());
-  StrategyMemoryStats stats;
-  stats.sharded_param_bytes = engine.sharded_param_bytes;
-  stats.sharded_grad_bytes = engine.sharded_grad_bytes;
-  stats.optimizer_state_bytes = optimizer_ ? OptimizerStateBytes(*optimizer_) : 0;
-  stats.unsharded_param_bytes = engine.unsharded_param_bytes;
-  stats.peak_unsharded_param_bytes = fsdp::peak_unsharded_param_bytes();
-  stats.unsharded_grad_bytes = engine.unsharded_grad_bytes;
-  stats.total_param_bytes = total_param_bytes_;
-  const ResidentMemory resident = ProcessResidentMemory();
-  stats.rss_bytes = resident.rss_bytes;
-  stats.peak_rss_bytes = resident.peak_rss_bytes;
-  AddDeviceMemory(device_, stats);
-  return stats;
-}
-
-void FSDP2Strategy::reset_peak_memory_stats() {
-  require(/*setup=*/false, /*parallelized=*/true, "reset_peak_memory_stats");
-  ResetPeakResidentBytes();  // first: it is the one that can fail
-  fsdp::reset_peak_unsharded_param_bytes();
-  ResetPeakDeviceMemory(device_);
-}
-
 const std::vector<FSDP2Strategy::ParameterInfo>& FSDP2Strategy::parameter_infos() const {
   require(/*setup=*/false, /*parallelized=*/true, "parameter_infos");
   return parameter_infos_;
@@ -457,9 +427,11 @@ void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients,
   fsdp::set_requires_all_reduce(*module_->module(), !sharded || sync_gradients);
   if (host_optimizer_) {
     // Step each unit as its gradients land only when nothing needs them
-    // all first (clipping).
-    host_optimizer_->begin_backward(sync_gradients && max_grad_norm.has_value() &&
-                                    !(*max_grad_norm > 0));
+    // all first (clipping); with clipping, take each unit's share of the
+    // norm as its gradients land.
+    host_optimizer_->begin_backward(
+        sync_gradients && max_grad_norm.has_value() && !(*max_grad_norm > 0),
+        /*norm_parts=*/sync_gradients && max_grad_norm.has_value() && *max_grad_norm > 0);
   }
   try {
     loss.backward();
@@ -499,8 +471,12 @@ double FSDP2Strategy::optimizer_step(double max_grad_norm) {
   zero_grad_.materialize();  // those zeroed that got no gradient since
   double norm = 0.0;
   if (max_grad_norm > 0) {
-    norm = tp::clip_grad_norm_(*module_->module(), max_grad_norm);
+    // With offload, the gradients' shares of the norm the host optimizer
+    // took during the backward.
+    norm = tp::clip_grad_norm_(*module_->module(), max_grad_norm, /*norm_type=*/2.0,
+                               host_optimizer_ ? &host_optimizer_->norm_parts() : nullptr);
   }
+  if (host_optimizer_) host_optimizer_->norm_parts().clear();  // they hold the gradients
   optimizer_->step();
   zero_grad_.zero_grad(*optimizer_);
   ++global_step_;

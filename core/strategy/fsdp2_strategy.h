@@ -492,6 +492,11 @@ class FSDP2Strategy {
   // cheap (reads /proc/self/status once). Throws FailedPreconditionError
   // before parallelize().
   StrategyMemoryStats memory_stats() const;
+  // With cpu_offload, what the host optimizer did since parallelize():
+  // units handed over and stepped during backward, clipping-norm shares
+  // taken during backward and used (host_optimizer.h). Local; waits for the
+  // host optimizer's work. All zero without cpu_offload.
+  OffloadStats offload_stats() const;
   // Starts a new measurement: peak_unsharded_param_bytes and peak_rss_bytes
   // restart from what is held now. Both peaks are process-wide. Throws
   // IoError (and resets nothing) if the kernel refuses to reset the peak

@@ -38,20 +38,38 @@ bool HostOptimizer::SteppableByUnit(const torch::optim::Optimizer& optimizer) {
          dynamic_cast<const torch::optim::Adagrad*>(o) != nullptr;
 }
 
-void HostOptimizer::begin_backward(bool step) {
-  std::lock_guard<std::mutex> lock(mu_);
-  stepping_ = step && by_unit_;
+void HostOptimizer::begin_backward(bool step, bool norm_parts) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stepping_ = step && by_unit_;
+    taking_parts_ = !stepping_ && norm_parts;
+  }
+  post([this] { norm_parts_.clear(); });  // in order with the worker's jobs
 }
 
 void HostOptimizer::receive(std::shared_ptr<fsdp::HostGradients> grads) {
-  bool step = false;
+  bool step = false, parts = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     step = stepping_;
+    parts = taking_parts_;
     ++received_;
   }
-  post([this, grads = std::move(grads), step] {
+  post([this, grads = std::move(grads), step, parts] {
     grads->apply();
+    if (parts) {
+      // The unit's share of the clipping norm, while the device goes on
+      // with the backward of the units before it.
+      int64_t taken = 0;
+      for (const at::Tensor& p : grads->shards()) {
+        const at::Tensor& g = p.grad();
+        if (!g.defined()) continue;
+        norm_parts_.add(g);
+        ++taken;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      norm_parts_taken_ += taken;
+    }
     if (!step) return;
     const std::vector<at::Tensor>& shards = grads->shards();
     for (const at::Tensor& p : shards) {
@@ -75,6 +93,7 @@ void HostOptimizer::end_backward() {
     std::lock_guard<std::mutex> lock(mu_);
     step = stepping_;
     stepping_ = false;
+    taking_parts_ = false;
   }
   if (!step) return;
   stepped_ = true;
@@ -115,6 +134,11 @@ bool HostOptimizer::take_stepped() {
 int64_t HostOptimizer::received() const {
   std::lock_guard<std::mutex> lock(mu_);
   return received_;
+}
+
+int64_t HostOptimizer::norm_parts_taken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return norm_parts_taken_;
 }
 
 int64_t HostOptimizer::stepped_units() const {

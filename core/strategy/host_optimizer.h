@@ -13,8 +13,9 @@
 // the gradients of the units before it. After the backward, it steps what
 // no unit stepped (parameters outside the units, such as ignored ones, and
 // units that got no gradients here). With clipping, the norm needs every
-// gradient: the worker only lands them, and FSDP2Strategy::optimizer_step
-// clips and steps after the backward.
+// gradient: the worker lands them and takes each one's share of the norm
+// as it lands (fsdp::GradNormParts), and FSDP2Strategy::optimizer_step
+// adds the shares up, clips and steps after the backward.
 //
 // The arithmetic is the optimizer's own, parameter by parameter, and
 // LazyZeroGrad's zero gradients are given per unit as they would be for the
@@ -44,11 +45,24 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/fsdp/clip_grad.h"
 #include "core/fsdp/offload.h"
 #include "core/strategy/lazy_zero_grad.h"
 
 namespace fsdp2 {
 namespace strategy {
+
+// What CPU offload's host optimizer did since parallelize()
+// (FSDP2Strategy::offload_stats(); all zero without cpu_offload).
+struct OffloadStats {
+  int64_t units_received = 0;  // units' gradients handed over in host memory
+  int64_t units_stepped_in_backward = 0;  // units stepped while backward went on
+  // Gradients whose share of the clipping norm was taken as they landed
+  // during a backward.
+  int64_t norm_parts_taken = 0;
+  // Shares taken that the clipping then used (not taken again).
+  int64_t norm_parts_used = 0;
+};
 
 // The optimizer's steps with CPU offload, on a worker thread, unit by unit
 // (see the file comment).
@@ -67,8 +81,11 @@ class HostOptimizer {
   static bool SteppableByUnit(const torch::optim::Optimizer& optimizer);
 
   // A backward begins. `step`: each unit steps as its gradients arrive
-  // (ignored unless SteppableByUnit); else they only land on .grad.
-  void begin_backward(bool step);
+  // (ignored unless SteppableByUnit); else they only land on .grad, and
+  // with `norm_parts` (a backward whose step clips) the worker takes each
+  // landed gradient's share of the clipping norm (norm_parts()) while the
+  // backward goes on. Forgets the parts taken before.
+  void begin_backward(bool step, bool norm_parts = false);
   // The engine's sink (fsdp::set_host_gradient_sink): queues `grads`.
   void receive(std::shared_ptr<fsdp::HostGradients> grads);
   // The backward has returned: when it steps, queues the step of every
@@ -79,6 +96,13 @@ class HostOptimizer {
   void wait();
   // Waits until everything queued is done, leaving an error for wait().
   void drain() const;
+  // The gradients' shares of the 2-norm taken in the last backward told
+  // norm_parts, for clip_grad_norm_; read after wait(), and clear() it once
+  // clipped (its parts hold the gradients).
+  fsdp::GradNormParts& norm_parts() { return norm_parts_; }
+  // Gradients whose norm part the worker took during a backward, since
+  // construction.
+  int64_t norm_parts_taken() const;
   // Whether the backward since the last take_stepped() stepped the
   // optimizer (then optimizer_step() must not); reading clears it.
   bool take_stepped();
@@ -98,6 +122,8 @@ class HostOptimizer {
   LazyZeroGrad& zero_grad_;
   const bool by_unit_;
   bool stepping_ = false;  // this backward steps per unit (training thread)
+  bool taking_parts_ = false;  // this backward takes norm parts (training thread)
+  fsdp::GradNormParts norm_parts_;  // the worker's during a backward
   bool stepped_ = false;   // the last backward stepped
   // The worker's: parameters stepped in this backward.
   std::unordered_set<const c10::TensorImpl*> stepped_params_;
@@ -110,6 +136,7 @@ class HostOptimizer {
   std::exception_ptr error_;
   int64_t received_ = 0;
   int64_t stepped_units_ = 0;
+  int64_t norm_parts_taken_ = 0;
   std::thread worker_;  // last: started once the rest is set up
 };
 

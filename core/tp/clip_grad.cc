@@ -10,7 +10,7 @@ namespace fsdp2 {
 namespace tp {
 
 double clip_grad_norm_(torch::nn::Module& root, double max_norm,
-                       double norm_type) {
+                       double norm_type, const fsdp::GradNormParts* parts) {
   fsdp::SplitParameters split;
   for (const auto& p : sharded_parameters(root)) {
     split.names.insert(p.name);
@@ -23,7 +23,7 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm,
       split.group = p.group;
     }
   }
-  return fsdp::clip_grad_norm_(root, max_norm, norm_type, split);
+  return fsdp::clip_grad_norm_(root, max_norm, norm_type, split, parts);
 }
 
 }  // namespace tp

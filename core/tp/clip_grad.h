@@ -14,6 +14,8 @@
 
 #include <torch/nn/module.h>
 
+#include "core/fsdp/clip_grad.h"
+
 namespace fsdp2 {
 namespace tp {
 
@@ -22,9 +24,11 @@ namespace tp {
 // before clipping. norm_type may be infinity. Collective over the
 // tensor-parallel group and the FSDP shard groups. Without tensor-parallel
 // parameters it is fsdp::clip_grad_norm_. Throws std::invalid_argument when
-// the tensor-parallel layers use different groups.
+// the tensor-parallel layers use different groups. `parts`: gradients'
+// shares of the norm taken ahead (fsdp::GradNormParts), or null.
 double clip_grad_norm_(torch::nn::Module& root, double max_norm,
-                       double norm_type = 2.0);
+                       double norm_type = 2.0,
+                       const fsdp::GradNormParts* parts = nullptr);
 
 }  // namespace tp
 }  // namespace fsdp2
