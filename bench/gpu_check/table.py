@@ -45,6 +45,26 @@ def fsdp2_run(out, name, warmup):
             "peak_allocated_bytes": float(peak.group(1)) * 2**20 if peak else None}
 
 
+def speed_row(label, r, tokens, params, peak):
+    """A bf16 table's row for run `r` of `tokens` a step: step, tokens/s,
+    MFU (None without a known peak or parameter count) and peak memory.
+    Returns the line and the MFU in percent."""
+    tps = tokens / r["median_step_s"]
+    mfu = 6 * params * tps / peak * 100 if peak and params else None
+    mem = r.get("peak_allocated_bytes")
+    line = (f"| {label} | {r['median_step_s'] * 1e3:.1f} ms | {tps:,.0f} | "
+            + (f"{mfu:.1f}%" if mfu is not None else "n/a") + " | "
+            + (f"{mem / 2**30:.2f} GiB |" if mem else "n/a |"))
+    return line, mfu
+
+
+def memory_ratio(mine, r):
+    """fsdp2's peak memory over run `r`'s, as "0.85x", or "n/a"."""
+    if mine.get("peak_allocated_bytes") and r.get("peak_allocated_bytes"):
+        return f"{mine['peak_allocated_bytes'] / r['peak_allocated_bytes']:.2f}x"
+    return "n/a"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -119,19 +139,13 @@ def main():
             lines.append(f"| {label} | failed | | | |")
             problems.append(f"bf16 run failed: {label}")
             continue
-        tps = tokens / r["median_step_s"]
-        mfu = f"{6 * params * tps / peak[0] * 100:.1f}%" if peak[0] and params else "n/a"
-        mem = r.get("peak_allocated_bytes")
-        lines.append(f"| {label} | {r['median_step_s'] * 1e3:.1f} ms | {tps:,.0f} | {mfu} | "
-                     + (f"{mem / 2**30:.2f} GiB |" if mem else "n/a |"))
+        lines.append(speed_row(label, r, tokens, params, peak[0])[0])
     if runs[0][1]:
         mine = runs[0][1]
         for label, r in runs[1:]:
             if r:
                 speed = r["median_step_s"] / mine["median_step_s"]
-                mem = (f"{mine['peak_allocated_bytes'] / r['peak_allocated_bytes']:.2f}x"
-                       if mine.get("peak_allocated_bytes") and r.get("peak_allocated_bytes") else "n/a")
-                lines.append(f"| fsdp2 / {label} | | **{speed:.2f}x** | | {mem} |")
+                lines.append(f"| fsdp2 / {label} | | **{speed:.2f}x** | | {memory_ratio(mine, r)} |")
     if runs[0][1] and runs[1][1]:
         lines += ["", "bf16 losses, first steps (fsdp2 / eager PyTorch under autocast): "
                   + ", ".join(f"{x:.4f} / {y:.4f}"
@@ -176,12 +190,8 @@ def big_batch_lines(a, params, peak):
             lines.append(f"| {label} | failed | | | |")
             problems.append(f"bf16 run failed: {label}, {rows} rows")
             continue
-        tps = tokens / r["median_step_s"]
-        mfu = 6 * params * tps / peak * 100 if peak and params else None
-        mem = r.get("peak_allocated_bytes")
-        lines.append(f"| {label} | {r['median_step_s'] * 1e3:.1f} ms | {tps:,.0f} | "
-                     + (f"{mfu:.1f}%" if mfu is not None else "n/a") + " | "
-                     + (f"{mem / 2**30:.2f} GiB |" if mem else "n/a |"))
+        line, mfu = speed_row(label, r, tokens, params, peak)
+        lines.append(line)
         if label == "fsdp2" and mfu is not None:
             verdict = "dry run" if a.dry_run else "met" if mfu >= 40 else "below"
             lines.append(f"| fsdp2 MFU | | | **{mfu:.1f}%** ({verdict}: 40%) | |")
@@ -190,9 +200,8 @@ def big_batch_lines(a, params, peak):
         if mine and r:
             ratio = r["median_step_s"] / mine["median_step_s"]
             verdict = "dry run" if a.dry_run else "met" if ratio >= target else "below"
-            mem = (f"{mine['peak_allocated_bytes'] / r['peak_allocated_bytes']:.2f}x"
-                   if mine.get("peak_allocated_bytes") and r.get("peak_allocated_bytes") else "n/a")
-            lines.append(f"| fsdp2 / {label} | | **{ratio:.2f}x** ({verdict}: {target}x) | | {mem} |")
+            lines.append(f"| fsdp2 / {label} | | **{ratio:.2f}x** ({verdict}: {target}x) | | "
+                         f"{memory_ratio(mine, r)} |")
     return lines, problems
 
 
