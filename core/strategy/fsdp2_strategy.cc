@@ -451,33 +451,29 @@ void FSDP2Strategy::backward(const at::Tensor& loss, bool sync_gradients,
 
 double FSDP2Strategy::optimizer_step(double max_grad_norm) {
   require_optimizer("optimizer_step");
-  if (host_optimizer_) {
-    host_optimizer_->wait();
-    if (host_optimizer_->take_stepped()) {
-      // The backward stepped every unit on the host already (told 0).
-      if (max_grad_norm > 0) {
-        throw InvalidArgumentError(
-            "FSDP2Strategy::optimizer_step: with cpu_offload the optimizer already "
-            "stepped during backward(), which was told max_grad_norm 0, so it cannot "
-            "clip to " + std::to_string(max_grad_norm) +
-            " now; pass backward() the max_grad_norm you give optimizer_step()");
-      }
-      zero_grad_.zero_grad(*optimizer_);
-      ++global_step_;
-      profiler_.after_step(global_step_);
-      return 0.0;
-    }
-  }
-  zero_grad_.materialize();  // those zeroed that got no gradient since
+  if (host_optimizer_) host_optimizer_->wait();
   double norm = 0.0;
-  if (max_grad_norm > 0) {
-    // With offload, the gradients' shares of the norm the host optimizer
-    // took during the backward.
-    norm = tp::clip_grad_norm_(*module_->module(), max_grad_norm, /*norm_type=*/2.0,
-                               host_optimizer_ ? &host_optimizer_->norm_parts() : nullptr);
+  if (host_optimizer_ && host_optimizer_->take_stepped()) {
+    // The backward stepped every unit on the host already (told 0).
+    if (max_grad_norm > 0) {
+      throw InvalidArgumentError(
+          "FSDP2Strategy::optimizer_step: with cpu_offload the optimizer already "
+          "stepped during backward(), which was told max_grad_norm 0, so it cannot "
+          "clip to " + std::to_string(max_grad_norm) +
+          " now; pass backward() the max_grad_norm you give optimizer_step()");
+    }
+  } else {
+    zero_grad_.materialize();  // those zeroed that got no gradient since
+    if (max_grad_norm > 0) {
+      // With offload, the gradients' shares of the norm the host optimizer
+      // took during the backward.
+      norm = tp::clip_grad_norm_(*module_->module(), max_grad_norm, /*norm_type=*/2.0,
+                                 host_optimizer_ ? &host_optimizer_->norm_parts() : nullptr);
+    }
+    if (host_optimizer_) host_optimizer_->norm_parts().clear();  // they hold the gradients
+    optimizer_->step();
   }
-  if (host_optimizer_) host_optimizer_->norm_parts().clear();  // they hold the gradients
-  optimizer_->step();
+  // A step taken during the backward ends here as one taken now.
   zero_grad_.zero_grad(*optimizer_);
   ++global_step_;
   profiler_.after_step(global_step_);

@@ -108,42 +108,14 @@ TEST(StepProfilerTest, NothingToTraceWritesNothingAndBadCountsThrow) {
   EXPECT_THROW(StepProfiler(1, 0, ""), InvalidArgumentError);
 }
 
-TEST(StepProfilerTest, TheStrategyTracesForwardBackwardAndTheOptimizer) {
-  const std::string path = ::testing::TempDir() + "/strategy.json";
+// Trains an MLP through FSDP2Strategy for 3 steps, tracing steps 2 and 3
+// into `path` (with `cpu_offload`, the steps taken during backward: told
+// no clipping); the trace must appear after step 3 and not before. Returns
+// its event names.
+std::set<std::string> TraceThreeSteps(const std::string& path, bool cpu_offload) {
   FSDP2StrategyOptions options;
   options.mp_policy = fsdp::MixedPrecisionPolicy{};
-  options.profile_steps = 2;
-  options.profile_wait_steps = 1;
-  options.profile_path = path;
-  FSDP2Strategy strategy(options);
-  strategy.setup_environment();
-  models::MLPConfig config;
-  strategy.connect(std::make_shared<models::MLPModule>(config));
-  strategy.parallelize();
-  const Batch batch = {at::randn({6, config.in_features}), at::randn({6, config.out_features})};
-  for (int step = 0; step < 3; ++step) {
-    strategy.backward(strategy.training_step(batch, step));
-    strategy.optimizer_step();
-    EXPECT_EQ(std::ifstream(path).good(), step == 2) << "written after step 3, step " << step + 1;
-  }
-  const std::set<std::string> names = EventNames(path);
-  EXPECT_TRUE(names.count("ProfilerStep#2"));
-  EXPECT_TRUE(names.count("ProfilerStep#3"));
-  EXPECT_FALSE(names.count("ProfilerStep#1"));
-  EXPECT_TRUE(names.count("aten::addmm") || names.count("aten::linear")) << "forward";
-  EXPECT_TRUE(HasNameContaining(names, "Backward")) << "backward";
-  // AdamW's denominator; nothing else in this model takes a square root.
-  EXPECT_TRUE(names.count("aten::sqrt")) << "the optimizer";
-}
-
-// With CPU offload and no clipping the optimizer steps during backward()
-// (on the host optimizer's thread) and optimizer_step() only counts the
-// step: the trace still starts and ends with the steps.
-TEST(StepProfilerTest, StepsTakenDuringBackwardWithCpuOffloadCount) {
-  const std::string path = ::testing::TempDir() + "/offload.json";
-  FSDP2StrategyOptions options;
-  options.mp_policy = fsdp::MixedPrecisionPolicy{};
-  options.cpu_offload = true;
+  options.cpu_offload = cpu_offload;
   options.profile_steps = 2;
   options.profile_wait_steps = 1;
   options.profile_path = path;
@@ -163,6 +135,23 @@ TEST(StepProfilerTest, StepsTakenDuringBackwardWithCpuOffloadCount) {
   EXPECT_TRUE(names.count("ProfilerStep#2"));
   EXPECT_TRUE(names.count("ProfilerStep#3"));
   EXPECT_FALSE(names.count("ProfilerStep#1"));
+  return names;
+}
+
+TEST(StepProfilerTest, TheStrategyTracesForwardBackwardAndTheOptimizer) {
+  const std::set<std::string> names =
+      TraceThreeSteps(::testing::TempDir() + "/strategy.json", /*cpu_offload=*/false);
+  EXPECT_TRUE(names.count("aten::addmm") || names.count("aten::linear")) << "forward";
+  EXPECT_TRUE(HasNameContaining(names, "Backward")) << "backward";
+  // AdamW's denominator; nothing else in this model takes a square root.
+  EXPECT_TRUE(names.count("aten::sqrt")) << "the optimizer";
+}
+
+// With CPU offload and no clipping the optimizer steps during backward()
+// (on the host optimizer's thread) and optimizer_step() only counts the
+// step: the trace still starts and ends with the steps.
+TEST(StepProfilerTest, StepsTakenDuringBackwardWithCpuOffloadCount) {
+  TraceThreeSteps(::testing::TempDir() + "/offload.json", /*cpu_offload=*/true);
 }
 
 }  // namespace
