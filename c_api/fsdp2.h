@@ -764,11 +764,18 @@ FSDP2_API fsdp2_status_t fsdp2_strategy_load_model_state_dict_file(
 /* Since ABI 1.8. Collective. Writes the model ("hf" family) to directory
  * `dir` as transformers' save_pretrained does: config.json, and
  * model.safetensors or shards model-0000i-of-0000N.safetensors with
- * model.safetensors.index.json; from_pretrained(dir) loads it. Atomic: an
- * interrupted save leaves the previous one. A directory holding other
- * files is refused (IO). `options_json` (borrowed; NULL: defaults):
+ * model.safetensors.index.json; from_pretrained(dir) loads it. The source
+ * checkpoint's tokenizer files and generation_config.json are copied along
+ * (one is written from config.json where the source has none). A model
+ * with LoRA adapters ("lora_rank" in its configuration) writes only the
+ * adapters, in PEFT's layout (adapter_model.safetensors,
+ * adapter_config.json), unless "merged" asks for the whole model with the
+ * adapters merged into its weights. Atomic: an interrupted save leaves the
+ * previous one. A directory holding other files is refused (IO).
+ * `options_json` (borrowed; NULL: defaults):
  * {"max_shard_size": "5GB" (or "500MB", "2GiB", a number of bytes),
- *  "dtype": "bfloat16" (default: the parameters' own)}.
+ *  "dtype": "bfloat16" (default: the parameters' own),
+ *  "merged": false}.
  * INVALID_ARGUMENT for a model of another family. */
 FSDP2_API fsdp2_status_t fsdp2_strategy_save_hf_checkpoint(fsdp2_strategy_t* strategy,
                                                            const char* dir,

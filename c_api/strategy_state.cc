@@ -119,6 +119,7 @@ fsdp2_status_t fsdp2_strategy_save_hf_checkpoint(fsdp2_strategy_t* strategy, con
   RequireParallelized(*s, "fsdp2_strategy_save_hf_checkpoint");
   int64_t max_shard_bytes = fsdp2::checkpoint::HfSaveOptions{}.max_shard_bytes;
   std::optional<at::ScalarType> dtype;
+  bool merged = false;
   if (options_json != nullptr && *options_json != '\0') {
     nlohmann::json o;
     try {
@@ -134,15 +135,22 @@ fsdp2_status_t fsdp2_strategy_save_hf_checkpoint(fsdp2_strategy_t* strategy, con
         max_shard_bytes = v.get<int64_t>();
       } else if (key == "dtype" && v.is_string()) {
         dtype = fsdp2::c_api::FloatTypeOfName(v.get<std::string>());
+      } else if (key == "merged" && v.is_boolean()) {
+        merged = v.get<bool>();
       } else {
         throw fsdp2::InvalidArgumentError("save option \"" + key + "\" = " + v.dump() +
-                                   ": known are \"max_shard_size\" (\"5GB\", bytes) and "
+                                   ": known are \"max_shard_size\" (\"5GB\", bytes), "
                                    "\"dtype\" (\"float32\", \"bfloat16\", \"float16\", "
-                                   "\"float64\")");
+                                   "\"float64\") and \"merged\" (true: LoRA adapters merged "
+                                   "into the weights)");
       }
     }
   }
-  s->strategy->save_hf_checkpoint(dir, max_shard_bytes, dtype);
+  if (merged) {
+    s->strategy->save_hf_merged_checkpoint(dir, max_shard_bytes, dtype);
+  } else {
+    s->strategy->save_hf_checkpoint(dir, max_shard_bytes, dtype);
+  }
   FSDP2_API_END_FILE
 }
 

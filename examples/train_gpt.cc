@@ -56,6 +56,7 @@
 #include "core/strategy/fsdp2_strategy.h"
 #include "core/strategy/fsdp_controls.h"
 #include "core/strategy/option_table.h"
+#include "core/strategy/token_dataset.h"
 #include "core/strategy/trainer.h"
 #include "examples/flags/flags.h"
 
@@ -99,6 +100,11 @@ struct Flags {
   std::string data_tokens;  // uint8|uint16|int32: --data is a flat token file
   std::string hf_model;     // train this Hugging Face checkpoint instead of a GPT
   std::string save_hf, save_hf_shard_size = "5GB", save_hf_dtype;
+  std::string save_hf_merged;  // with LoRA: the merged model, transformers' layout
+  int64_t lora_rank = 0;       // > 0: train LoRA adapters of this rank only
+  double lora_alpha = 8;
+  double lora_dropout = 0;
+  std::string lora_target_modules = "q_proj,v_proj";
 };
 
 const char* kUsage =
@@ -109,6 +115,26 @@ const char* kUsage =
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "train: " << message << "\n";
   std::exit(2);
+}
+
+// --lora-target-modules split at commas.
+std::vector<std::string> LoraTargets(const Flags& f) {
+  std::vector<std::string> names;
+  std::stringstream in(f.lora_target_modules);
+  for (std::string name; std::getline(in, name, ',');) {
+    if (!name.empty()) names.push_back(name);
+  }
+  return names;
+}
+
+// The LoRA options of the flags (rank 0: none).
+models::LoraOptions Lora(const Flags& f) {
+  models::LoraOptions lora;
+  lora.rank = f.lora_rank;
+  lora.alpha = f.lora_alpha;
+  lora.dropout = f.lora_dropout;
+  lora.target_modules = LoraTargets(f);
+  return lora;
 }
 
 // The complete step-<N> checkpoints in `dir`, oldest first.
@@ -239,6 +265,21 @@ Flags ParseFlags(int argc, char** argv) {
     f.save_hf = parser.String("save-hf", f.save_hf,
                               "DIR: after training, save the --hf-model model there in "
                               "transformers' layout (from_pretrained loads it)");
+    f.save_hf_merged = parser.String(
+        "save-hf-merged", f.save_hf_merged,
+        "DIR: after training, save the --hf-model model with its LoRA adapters merged into "
+        "the weights, in transformers' layout");
+    f.lora_rank = parser.Int("lora-rank", f.lora_rank,
+                             "with --hf-model: train LoRA adapters of this rank (PEFT's r) "
+                             "instead of every weight; 0: full fine-tuning");
+    f.lora_alpha = parser.Double("lora-alpha", f.lora_alpha,
+                                 "LoRA's alpha: the update is scaled by alpha / rank");
+    f.lora_dropout = parser.Double("lora-dropout", f.lora_dropout,
+                                   "dropout on the adapters' input while training, in [0, 1)");
+    f.lora_target_modules = parser.String(
+        "lora-target-modules", f.lora_target_modules,
+        "the projections that get adapters, of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+        "down_proj");
     f.save_hf_shard_size = parser.String("save-hf-shard-size", f.save_hf_shard_size,
                                          "largest file of --save-hf (5GB, 500MB, 2GiB, bytes)");
     f.save_hf_dtype = parser.String("save-hf-dtype", f.save_hf_dtype,
@@ -269,6 +310,22 @@ Flags ParseFlags(int argc, char** argv) {
          "directory, as save_pretrained writes it)");
   }
   if (!f.save_hf.empty() && f.hf_model.empty()) Fail("--save-hf needs --hf-model");
+  if (!f.save_hf_merged.empty() && f.hf_model.empty()) Fail("--save-hf-merged needs --hf-model");
+  if (f.lora_rank != 0 && f.hf_model.empty()) Fail("--lora-rank needs --hf-model");
+  if (f.lora_rank < 0) Fail("--lora-rank must be 0 (no LoRA) or positive");
+  if (f.lora_rank > 0) {
+    if (!(f.lora_alpha > 0)) Fail("--lora-alpha must be positive");
+    if (!(f.lora_dropout >= 0 && f.lora_dropout < 1)) Fail("--lora-dropout must be in [0, 1)");
+    const auto targets = LoraTargets(f);
+    if (targets.empty()) Fail("--lora-target-modules names no module");
+    for (const std::string& t : targets) {
+      const auto& known = models::LoraTargetNames();
+      if (std::find(known.begin(), known.end(), t) == known.end()) {
+        Fail("--lora-target-modules: '" + t + "' names no module of the Llama family's decoder "
+             "layers (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+      }
+    }
+  }
   try {
     checkpoint::ParseShardSize(f.save_hf_shard_size);  // refused now, not after training
   } catch (const std::exception& e) {
@@ -284,8 +341,13 @@ Flags ParseFlags(int argc, char** argv) {
   }
   if (f.data != "synthetic" && f.data != "pystdlib") {
     if (!fs::exists(f.data)) Fail("--data " + f.data + ": no such file");
-    if (fs::is_directory(f.data)) {
-      Fail("--data " + f.data + ": is a directory, expected a text file");
+    if (fs::is_directory(f.data) && !strategy::IsPreparedDataset(f.data)) {
+      Fail("--data " + f.data + ": is a directory without meta.json; expected a text file, a "
+           "token file or a dataset written by python3 -m fsdp2.prepare_data");
+    }
+    if (strategy::IsPreparedDataset(f.data) && f.hf_model.empty()) {
+      Fail("--data " + f.data + ": a prepared dataset (masked targets, packed documents) "
+           "trains a --hf-model model");
     }
   }
   if (!f.init_from.empty() && !fs::is_regular_file(f.init_from)) {
@@ -394,6 +456,25 @@ std::pair<strategy::Batch, strategy::Batch> Windows(const Flags& f, at::Tensor t
   return {split(0, rows - val_rows), split(rows - val_rows, val_rows)};
 }
 
+// A dataset of fsdp2.prepare_data: its rows {tokens, targets, segments}
+// (int32 views of the mapped files), the last 5% (at least one row) held
+// out for validation.
+std::pair<strategy::Batch, strategy::Batch> PreparedRows(const Flags& f) {
+  const strategy::PreparedDataset data = strategy::MapPreparedDataset(f.data);
+  const int64_t rows = data.tokens.size(0);
+  if (rows < 2) {
+    throw std::runtime_error("--data " + f.data + ": a prepared dataset of " +
+                             std::to_string(rows) +
+                             " row(s); training and validation need at least 2");
+  }
+  const int64_t val_rows = std::max<int64_t>(rows / 20, 1);
+  auto split = [&](int64_t start, int64_t n) {
+    return strategy::Batch{data.tokens.narrow(0, start, n), data.labels.narrow(0, start, n),
+                           data.segments.narrow(0, start, n)};
+  };
+  return {split(0, rows - val_rows), split(rows - val_rows, val_rows)};
+}
+
 std::string OutputPath(const Flags& f, const std::string& name) {
   const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");  // set by bazel run
   fs::path dir = f.out_dir.empty() ? fs::path(cwd ? cwd : ".") / "fsdp2_out" : fs::path(f.out_dir);
@@ -452,7 +533,8 @@ int RunRank(const Flags& f) {
   at::set_num_threads(threads);
   const int rank = strategy.world()->rank();
 
-  at::Tensor tokens = LoadTokens(f);
+  const bool prepared = strategy::IsPreparedDataset(f.data);
+  at::Tensor tokens = prepared ? at::Tensor() : LoadTokens(f);
   models::GPTConfig config;
   config.vocab_size = tokens.defined() && f.data_tokens.empty() ? 256 : f.vocab_size;
   config.block_size = f.block_size;
@@ -472,7 +554,8 @@ int RunRank(const Flags& f) {
     if (TensorParallel(f) == 1) {
       deferred.emplace(strategy.tensor_init_context());
     }
-    auto llama = models::LlamaModule::FromPretrained(f.hf_model, models::GPT2AdamW(f.optimizer.lr));
+    auto llama = models::LlamaModule::FromPretrained(
+        f.hf_model, models::GPT2AdamW(f.optimizer.lr), std::nullopt, Lora(f));
     deferred.reset();
     config.vocab_size = llama->config().vocab_size;
     config.n_layer = llama->config().num_hidden_layers;
@@ -499,7 +582,9 @@ int RunRank(const Flags& f) {
     }
   }
 
-  auto [train_set, val_set] = Windows(f, tokens, config.vocab_size);
+  auto [train_set, val_set] =
+      prepared ? PreparedRows(f) : Windows(f, tokens, config.vocab_size);
+  const int64_t row_tokens = prepared ? train_set[0].size(1) : f.block_size;
   const int64_t global_batch = int64_t{strategy.data_parallel_size()} * f.batch_size;
   auto train = strategy.process_dataloader(train_set, global_batch);
   auto val = strategy.process_dataloader(val_set, global_batch);
@@ -512,7 +597,7 @@ int RunRank(const Flags& f) {
   trainer_options.val_check_interval = f.val_every;
   trainer_options.limit_val_batches = 4;
   trainer_options.log_every_n_steps = f.log_every;
-  trainer_options.tokens_per_row = f.block_size;
+  trainer_options.tokens_per_row = row_tokens;
   trainer_options.progress_bar = f.progress_bar;
   trainer_options.metrics_jsonl =
       f.metrics_out.empty() ? OutputPath(f, "metrics.jsonl") : f.metrics_out;
@@ -576,10 +661,12 @@ int RunRank(const Flags& f) {
                   options.frozen_params.empty() ? "" : "; frozen: ",
                   OptionValue(f, "frozen_params").c_str());
     }
-    std::printf("data: %s (%lld training windows of %lld tokens); %d ranks x %lld "
+    std::printf("data: %s (%lld training %s of %lld tokens); %d ranks x %lld "
                 "sequences x %d micro-batches; %s on %s; %s\n",
-                tokens.defined() ? f.data.c_str() : "synthetic",
-                (long long)train_set[0].size(0), (long long)f.block_size,
+                tokens.defined() || prepared ? f.data.c_str() : "synthetic",
+                (long long)train_set[0].size(0),
+                prepared ? "rows (prepared: masked targets, packed documents)" : "windows",
+                (long long)row_tokens,
                 strategy.data_parallel_size(),
                 (long long)f.batch_size, f.step.accumulate_grad_batches,
                 fsdp::ToString(options.sharding_strategy),
@@ -602,7 +689,21 @@ int RunRank(const Flags& f) {
     if (f.save_hf_dtype == "float32") dtype = at::kFloat;
     strategy.save_hf_checkpoint(f.save_hf, checkpoint::ParseShardSize(f.save_hf_shard_size),
                                 dtype);
-    if (rank == 0) std::printf("saved %s (Hugging Face layout)\n", f.save_hf.c_str());
+    if (rank == 0) {
+      std::printf("saved %s (%s)\n", f.save_hf.c_str(),
+                  f.lora_rank > 0 ? "LoRA adapters, PEFT's layout" : "Hugging Face layout");
+    }
+  }
+  if (!f.save_hf_merged.empty()) {
+    std::optional<at::ScalarType> dtype;
+    if (f.save_hf_dtype == "bfloat16") dtype = at::kBFloat16;
+    if (f.save_hf_dtype == "float16") dtype = at::kHalf;
+    if (f.save_hf_dtype == "float32") dtype = at::kFloat;
+    strategy.save_hf_merged_checkpoint(
+        f.save_hf_merged, checkpoint::ParseShardSize(f.save_hf_shard_size), dtype);
+    if (rank == 0) {
+      std::printf("saved %s (Hugging Face layout, adapters merged)\n", f.save_hf_merged.c_str());
+    }
   }
   auto stats = fsdp::memory_stats(*module->module());
   std::string sent;  // e.g. "shm 1.20 MiB, gloo 0.31 MiB"

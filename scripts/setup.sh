@@ -66,9 +66,10 @@ fi
 # same requirements does nothing. transformers (5.24.0, with huggingface-hub
 # and tokenizers, about 20 MB) is what the Hugging Face checkpoint tests
 # compare fsdp2 with (tests/hf/hf_reference.py); the training processes never
-# import it.
+# import it. peft (0.21.2, pure Python) is what the LoRA tests compare with
+# and load fsdp2's adapters in (tests/hf/sft_reference.py).
 VENV=${FSDP2_VENV:-/opt/fsdp2/venv}
-REQUIREMENTS=(torch==2.11.0 numpy pytest safetensors transformers==5.24.0)
+REQUIREMENTS=(torch==2.11.0 numpy pytest safetensors transformers==5.24.0 peft==0.21.2)
 marker="$VENV/.fsdp2-requirements"
 if [[ ! -x "$VENV/bin/python3" || "$(cat "$marker" 2>/dev/null)" != "${REQUIREMENTS[*]}" ]]; then
   echo "setup: making $VENV with ${REQUIREMENTS[*]}" >&2

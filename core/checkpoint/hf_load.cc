@@ -2,7 +2,9 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -117,8 +119,14 @@ HfWeights ResolveHfWeights(const std::string& path) {
   return FromFile(path);
 }
 
-void LoadHfWeights(const std::string& path, torch::nn::Module& root, comm::World& world) {
-  const auto layouts = internal::ParamLayouts(root, world.rank());
+void LoadHfWeights(const std::string& path, torch::nn::Module& root, comm::World& world,
+                   const std::function<bool(const std::string& name)>& keep) {
+  auto layouts = internal::ParamLayouts(root, world.rank());
+  if (keep) {
+    layouts.erase(std::remove_if(layouts.begin(), layouts.end(),
+                                 [&](const auto& l) { return keep(l.shard.name); }),
+                  layouts.end());
+  }
   // Every rank checks the headers (the same files, the same verdict), then
   // all agree before anything is written.
   std::string error;

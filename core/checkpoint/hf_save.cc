@@ -6,6 +6,8 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -27,6 +29,7 @@ struct Entry {
   const internal::ParamLayout* layout;
   at::ScalarType dtype;
   int64_t bytes;
+  std::string saved_name;  // the name in the file
 };
 
 // transformers' (huggingface_hub's) split: in state-dict order, a tensor
@@ -54,18 +57,29 @@ std::vector<std::vector<Entry>> PlanShards(const std::vector<Entry>& entries, in
   return shards;
 }
 
-std::string ShardName(size_t i, size_t n) {
-  if (n == 1) return "model.safetensors";
+std::string ShardName(const std::string& stem, size_t i, size_t n) {
+  if (n == 1) return stem + ".safetensors";
   char name[64];
-  std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, n);
-  return name;
+  std::snprintf(name, sizeof(name), "-%05zu-of-%05zu.safetensors", i + 1, n);
+  return stem + name;
 }
+
+// The tokenizer's and generation's files a save copies along.
+const char* const kCompanionFiles[] = {
+    "tokenizer.json",     "tokenizer_config.json", "special_tokens_map.json",
+    "tokenizer.model",    "vocab.json",            "merges.txt",
+    "added_tokens.json",  "chat_template.jinja",   "chat_template.json",
+    "generation_config.json"};
 
 // The files a Hugging Face save writes (and may replace).
 bool IsHfFile(const std::string& name) {
   static const std::regex shard("model(-[0-9]+-of-[0-9]+)?\\.safetensors");
-  return name == "config.json" || name == "generation_config.json" ||
-         name == "model.safetensors.index.json" || std::regex_match(name, shard);
+  for (const char* companion : kCompanionFiles) {
+    if (name == companion) return true;
+  }
+  return name == "config.json" || name == "model.safetensors.index.json" ||
+         name == "adapter_config.json" || name == "adapter_model.safetensors" ||
+         std::regex_match(name, shard);
 }
 
 // Rank 0: a fresh DIR.tmp, after checking that DIR holds nothing but an
@@ -95,6 +109,16 @@ std::string BeginHfSave(const std::string& dir) {
 }
 
 }  // namespace
+
+std::vector<std::string> HfCompanionFiles(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const char* name : kCompanionFiles) {
+    const fs::path p = fs::path(dir) / name;
+    if (fs::is_regular_file(p, ec)) found.push_back(p.string());
+  }
+  return found;
+}
 
 int64_t ParseShardSize(const std::string& text) {
   static const std::regex form("\\s*([0-9]+)\\s*([KMG]I?B)?\\s*");
@@ -126,14 +150,28 @@ void SaveHfWeights(const std::string& dir, torch::nn::Module& root,
     throw InvalidArgumentError("Hugging Face save: max_shard_bytes must be positive");
   }
   const auto layouts = internal::ParamLayouts(root, world.rank());
+  std::map<std::string, const internal::ParamLayout*> by_name;
   std::vector<Entry> entries;
   for (const auto& l : layouts) {
+    by_name[l.shard.name] = &l;
+    const std::string saved = options.rename ? options.rename(l.shard.name) : l.shard.name;
+    if (saved.empty()) continue;
     const at::ScalarType type = options.dtype.value_or(l.shard.shard.scalar_type());
     entries.push_back({&l, type,
                        static_cast<int64_t>(c10::multiply_integers(l.full_shape) *
-                                            c10::elementSize(type))});
+                                            c10::elementSize(type)),
+                       saved});
   }
-  const auto shards = PlanShards(entries, options.max_shard_bytes);
+  const GatherParameter gather = [&](const std::string& name) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) throw InternalError("Hugging Face save: no parameter " + name);
+    return internal::GatherFull(*it->second, it->second->shard.shard.detach());
+  };
+  // PEFT's adapters are one file.
+  const int64_t max_shard_bytes = options.weights_name == "model"
+                                      ? options.max_shard_bytes
+                                      : std::numeric_limits<int64_t>::max();
+  const auto shards = PlanShards(entries, max_shard_bytes);
   std::string error, tmp;
   if (world.rank() == 0) {
     try {
@@ -146,13 +184,13 @@ void SaveHfWeights(const std::string& dir, torch::nn::Module& root,
   nlohmann::json weight_map = nlohmann::json::object();
   int64_t total_size = 0, total_parameters = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string name = ShardName(i, shards.size());
+    const std::string name = ShardName(options.weights_name, i, shards.size());
     std::unique_ptr<SafetensorsStreamWriter> writer;
     if (world.rank() == 0 && error.empty()) {
       std::vector<SafetensorsStreamWriter::Spec> specs;
       for (const Entry& e : shards[i]) {
-        specs.push_back({e.layout->shard.name, e.dtype, e.layout->full_shape});
-        weight_map[e.layout->shard.name] = name;
+        specs.push_back({e.saved_name, e.dtype, e.layout->full_shape});
+        weight_map[e.saved_name] = name;
         total_size += e.bytes;
         total_parameters += c10::multiply_integers(e.layout->full_shape);
       }
@@ -168,6 +206,7 @@ void SaveHfWeights(const std::string& dir, torch::nn::Module& root,
     for (const Entry& e : shards[i]) {
       // Every rank takes part in every gather, whatever rank 0's state.
       at::Tensor full = internal::GatherFull(*e.layout, e.layout->shard.shard.detach());
+      if (options.transform) full = options.transform(e.layout->shard.name, full, gather);
       if (!writer) continue;
       try {
         writer->write(full.to(at::kCPU).to(e.dtype).contiguous());
@@ -190,10 +229,23 @@ void SaveHfWeights(const std::string& dir, torch::nn::Module& root,
         nlohmann::json index = {
             {"metadata", {{"total_parameters", total_parameters}, {"total_size", total_size}}},
             {"weight_map", weight_map}};
-        WriteFileAtomically((fs::path(tmp) / "model.safetensors.index.json").string(),
+        WriteFileAtomically((fs::path(tmp) / (options.weights_name + ".safetensors.index.json"))
+                                .string(),
                             index.dump(2) + "\n");
       }
-      WriteFileAtomically((fs::path(tmp) / "config.json").string(), config_json);
+      // Copied first, so that a file written here wins over a copy.
+      for (const std::string& from : options.copy_files) {
+        std::error_code ec;
+        if (!fs::is_regular_file(from, ec)) continue;
+        fs::copy_file(from, fs::path(tmp) / fs::path(from).filename(),
+                      fs::copy_options::overwrite_existing);
+      }
+      if (!config_json.empty()) {
+        WriteFileAtomically((fs::path(tmp) / "config.json").string(), config_json);
+      }
+      for (const auto& [file, text] : options.files) {
+        WriteFileAtomically((fs::path(tmp) / file).string(), text);
+      }
       internal::CommitSave(dir);
     } catch (const std::exception& e) {
       error = e.what();

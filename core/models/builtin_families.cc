@@ -42,19 +42,42 @@ void ReadSizes(const nlohmann::json& config, const std::string& family,
   }
 }
 
-// Token ids: a 2-D integer tensor [B, T] of ids below `vocab_size`.
-void CheckTokenIds(const at::Tensor& t, const char* name, int64_t vocab_size) {
+// "q_proj,v_proj" or ["q_proj", "v_proj"]: LoRA's target module names.
+std::vector<std::string> ParseLoraTargets(const nlohmann::json& value) {
+  std::vector<std::string> names;
+  if (value.is_string()) {
+    std::stringstream in(value.get<std::string>());
+    for (std::string name; std::getline(in, name, ',');) {
+      if (!name.empty()) names.push_back(name);
+    }
+    return names;
+  }
+  for (const auto& v : value) {
+    if (!v.is_string()) {
+      throw InvalidArgumentError("model \"hf\": lora_target_modules must hold names, got " +
+                                 value.dump());
+    }
+    names.push_back(v.get<std::string>());
+  }
+  return names;
+}
+
+// Token ids: a 2-D integer tensor [B, T] of ids below `vocab_size` (or
+// the ignore index -100, where `ignore_allowed`: masked targets).
+void CheckTokenIds(const at::Tensor& t, const char* name, int64_t vocab_size,
+                   bool ignore_allowed = false) {
   if (t.dim() != 2 || !IsIntegerTensor(t)) {
     throw ShapeError(std::string(name) + " must be a 2-D integer tensor [B, T], got " +
                      DescribeTensor(t));
   }
-  if (t.numel() > 0) {
-    const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+  const at::Tensor counted = ignore_allowed ? t.masked_select(t.ne(-100)) : t;
+  if (counted.numel() > 0) {
+    const int64_t lo = counted.min().item<int64_t>(), hi = counted.max().item<int64_t>();
     if (lo < 0 || hi >= vocab_size) {
       throw InvalidArgumentError(std::string(name) + " hold token " +
                                  std::to_string(lo < 0 ? lo : hi) +
                                  ", outside the vocabulary [0, " + std::to_string(vocab_size) +
-                                 ")");
+                                 ")" + (ignore_allowed ? " (or -100: not learned)" : ""));
     }
   }
 }
@@ -135,6 +158,28 @@ class HfFamily : public TokenModelFamily, public strategy::HfModel {
   std::string hf_weights_path() const override { return core_->hf_weights_path(); }
   std::string hf_config_json(at::ScalarType dtype) const override {
     return core_->hf_config_json(dtype);
+  }
+  strategy::HfLora hf_lora() const override { return core_->hf_lora(); }
+  int64_t loss_items(const Batch& batch) override { return core_->loss_items(batch); }
+
+  // {tokens, targets} or {tokens, targets, segments}: targets may hold the
+  // ignore index -100 (prompt tokens, padding), segments [B, T] pack
+  // documents (LlamaModule::loss).
+  void CheckBatch(const Batch& batch) override {
+    RequireBatchTensors(batch, 2, "{tokens [B,T], targets [B,T]} or {..., segments [B,T]}");
+    if (batch.size() > 3) {
+      throw ShapeError("a batch is {tokens [B,T], targets [B,T]} or {tokens, targets, "
+                       "segments [B,T]}, got " + std::to_string(batch.size()) + " tensors");
+    }
+    CheckTokens(batch[0], "tokens");
+    CheckTokenIds(batch[1], "targets", vocab_size(), /*ignore_allowed=*/true);
+    for (size_t i = 1; i < batch.size(); ++i) {
+      if (!batch[0].sizes().equals(batch[i].sizes()) || !IsIntegerTensor(batch[i])) {
+        throw ShapeError(std::string(i == 1 ? "targets " : "segments ") +
+                         DescribeTensor(batch[i]) +
+                         " must be integers of the shape of tokens " + DescribeTensor(batch[0]));
+      }
+    }
   }
 
  protected:
@@ -263,17 +308,35 @@ std::shared_ptr<ModelFamily> CreateModelFamily(const std::string& text, int64_t 
   if (family == "hf") {
     std::string path;
     std::optional<at::ScalarType> dtype;
+    LoraOptions lora;
     for (const auto& [key, value] : config.items()) {
       if (key == "family") continue;
       if (key == "path" && value.is_string()) {
         path = value.get<std::string>();
       } else if (key == "dtype" && value.is_string()) {
         dtype = FloatDtypeOfName(value.get<std::string>());
+      } else if (key == "lora_rank" && value.is_number_integer()) {
+        lora.rank = value.get<int64_t>();
+      } else if (key == "lora_alpha" && value.is_number()) {
+        lora.alpha = value.get<double>();
+      } else if (key == "lora_dropout" && value.is_number()) {
+        lora.dropout = value.get<double>();
+      } else if (key == "lora_target_modules" && (value.is_string() || value.is_array())) {
+        lora.target_modules = ParseLoraTargets(value);
       } else {
-        throw InvalidArgumentError("model \"hf\": \"" + key + "\" = " + value.dump() +
-                                   " (known: family, path: the checkpoint directory, dtype: "
-                                   "\"float32\", \"bfloat16\", \"float16\", \"float64\")");
+        throw InvalidArgumentError(
+            "model \"hf\": \"" + key + "\" = " + value.dump() +
+            " (known: family, path: the checkpoint directory, dtype: \"float32\", "
+            "\"bfloat16\", \"float16\", \"float64\", lora_rank: an integer (0: no LoRA), "
+            "lora_alpha and lora_dropout: numbers, lora_target_modules: \"q_proj,v_proj\" or "
+            "a list of names)");
       }
+    }
+    const bool lora_keys = config.contains("lora_alpha") || config.contains("lora_dropout") ||
+                           config.contains("lora_target_modules");
+    if (lora_keys && lora.rank < 1) {
+      throw InvalidArgumentError("model \"hf\": lora_alpha, lora_dropout and "
+                                 "lora_target_modules need lora_rank >= 1");
     }
     if (path.empty()) {
       throw InvalidArgumentError("model \"hf\" needs \"path\": the checkpoint's directory");
@@ -282,7 +345,7 @@ std::shared_ptr<ModelFamily> CreateModelFamily(const std::string& text, int64_t 
     RequireFits("model \"hf\" (" + path + "/config.json)", hf, dtype.value_or(at::kFloat),
                 shards, MachineMemoryBytes());
     return std::make_shared<HfFamily>(
-        std::make_shared<LlamaModule>(hf, strategy::OptimizerOptions{}, dtype, path));
+        std::make_shared<LlamaModule>(hf, strategy::OptimizerOptions{}, dtype, path, lora));
   }
   throw InvalidArgumentError("unknown model family \"" + family +
                               "\" (known: gpt, mlp, hf; TorchScript files load with "

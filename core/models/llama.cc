@@ -5,7 +5,9 @@
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/init.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <limits>
 #include <string>
 
@@ -56,6 +58,36 @@ torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   torch::nn::init::normal_(linear->weight, 0.0, kInitStd);
   if (bias) torch::nn::init::zeros_(linear->bias);
   return linear;
+}
+
+// One LoRA factor: a [out, in] weight without bias, named as PEFT names
+// it (lora_A.weight, lora_B.weight). lora_A also carries the adapter's
+// scaling and dropout, plain numbers that no checkpoint holds.
+class LoraFactorImpl : public torch::nn::Module {
+ public:
+  LoraFactorImpl(int64_t in, int64_t out, double scaling, double dropout)
+      : scaling(scaling), dropout(dropout) {
+    weight = register_parameter("weight", torch::empty({out, in}));
+  }
+  at::Tensor weight;
+  double scaling, dropout;
+};
+TORCH_MODULE(LoraFactor);
+
+// linear(x) through tp::forward, plus (alpha / rank) * B A dropout(x) when
+// the projection has adapters (LlamaForCausalLMImpl::add_lora).
+at::Tensor Project(const torch::nn::Linear& linear, const at::Tensor& x) {
+  at::Tensor y = tp::forward(linear, x);
+  const auto children = linear->named_children();
+  const auto* a = children.find("lora_A");
+  if (a == nullptr) return y;
+  const auto* lora_a = (*a)->as<LoraFactorImpl>();
+  const auto* lora_b = children["lora_B"]->as<LoraFactorImpl>();
+  at::Tensor in = x;
+  if (lora_a->dropout > 0 && linear->is_training()) {
+    in = F::dropout(in, F::DropoutFuncOptions().p(lora_a->dropout).training(true));
+  }
+  return y + F::linear(F::linear(in, lora_a->weight), lora_b->weight) * lora_a->scaling;
 }
 
 // [B, T, heads * hd] -> [B, heads, T, hd].
@@ -119,36 +151,40 @@ LlamaAttentionImpl::LlamaAttentionImpl(const HfLlamaConfig& c, int64_t layer)
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
-                                       const at::Tensor& sin) {
+                                       const at::Tensor& sin, const AttentionMask& mask) {
   const int64_t B = x.size(0), T = x.size(1), hd = head_dim_;
-  const at::Tensor q = Rotate(Heads(tp::forward(q_proj, x), hd), cos, sin);
-  const at::Tensor k_heads = Rotate(Heads(tp::forward(k_proj, x), hd), cos, sin);
-  const at::Tensor v_heads = Heads(tp::forward(v_proj, x), hd);
+  const at::Tensor q = Rotate(Heads(Project(q_proj, x), hd), cos, sin);
+  const at::Tensor k_heads = Rotate(Heads(Project(k_proj, x), hd), cos, sin);
+  const at::Tensor v_heads = Heads(Project(v_proj, x), hd);
   // This rank's heads (all of them without tensor parallelism).
   const int64_t H = q.size(1), groups = H / k_heads.size(1);
   const at::Tensor k = RepeatKv(k_heads, groups), v = RepeatKv(v_heads, groups);
   // head_dim ** -0.5, as transformers writes it.
   const double scale = std::pow(static_cast<double>(hd), -0.5);
   const bool windowed = window_ > 0 && window_ < T;
+  const bool segmented = mask.allowed.defined();
   at::Tensor y;
   if (x.is_cuda()) {
     // PyTorch's fused attention; an explicit mask only where a window
-    // cuts into the causal one.
-    const c10::optional<at::Tensor> mask =
-        windowed ? c10::optional<at::Tensor>(AllowedMask(T, window_, x.device()))
-                 : c10::nullopt;
-    y = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
-                                         /*is_causal=*/!windowed, scale);
+    // cuts into the causal one or documents are packed.
+    c10::optional<at::Tensor> allowed;
+    if (windowed || segmented) {
+      allowed = AllowedMask(T, window_, x.device());
+      if (segmented) allowed = allowed->logical_and(mask.allowed);
+    }
+    y = at::scaled_dot_product_attention(q, k, v, allowed, /*dropout_p=*/0.0,
+                                         /*is_causal=*/!allowed.has_value(), scale);
   } else {
     // transformers' eager attention: scores * head_dim^-0.5, masked,
     // softmax in float32 (float64 stays float64) and cast back.
     at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;
-    scores = scores.masked_fill(AllowedMask(T, window_, x.device()).logical_not(),
-                                -std::numeric_limits<double>::infinity());
+    at::Tensor allowed = AllowedMask(T, window_, x.device());
+    if (segmented) allowed = allowed.logical_and(mask.allowed);
+    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
     const at::ScalarType type = q.scalar_type();
     y = at::matmul(at::softmax(scores, -1, at::promote_types(type, at::kFloat)).to(type), v);
   }
-  return tp::forward(o_proj, y.transpose(1, 2).contiguous().view({B, T, H * hd}));
+  return Project(o_proj, y.transpose(1, 2).contiguous().view({B, T, H * hd}));
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const HfLlamaConfig& c) {
@@ -161,8 +197,7 @@ LlamaMLPImpl::LlamaMLPImpl(const HfLlamaConfig& c) {
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return tp::forward(down_proj,
-                     F::silu(tp::forward(gate_proj, x)) * tp::forward(up_proj, x));
+  return Project(down_proj, F::silu(Project(gate_proj, x)) * Project(up_proj, x));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const HfLlamaConfig& c, int64_t layer) {
@@ -175,8 +210,8 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const HfLlamaConfig& c, int64_t lay
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
-                                          const at::Tensor& sin) {
-  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
+                                          const at::Tensor& sin, const AttentionMask& mask) {
+  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, mask);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
@@ -208,19 +243,99 @@ LlamaDecoderLayer LlamaForCausalLMImpl::layer(size_t i) const {
   return LlamaDecoderLayer(model->layers->ptr<LlamaDecoderLayerImpl>(i));
 }
 
-at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
-  at::Tensor x = model->embed_tokens->forward(tokens);
-  const auto rotary = RotaryTables(config_, tokens.size(1), x.scalar_type(), x.device());
-  for (size_t i = 0; i < model->layers->size(); ++i) {
-    x = fsdp::forward(layer(i), x, rotary.first, rotary.second);
-  }
-  x = model->norm->forward(x);
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens, const at::Tensor& segments) {
+  const at::Tensor x = hidden(tokens, segments);
   if (lm_head) return tp::forward(lm_head, x);
   return F::linear(x, model->embed_tokens->weight);
 }
 
+const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
+  return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+at::Tensor LlamaForCausalLMImpl::hidden(const at::Tensor& tokens, const at::Tensor& segments) {
+  at::Tensor x = model->embed_tokens->forward(tokens);
+  auto rotary = RotaryTables(config_, tokens.size(1), x.scalar_type(), x.device());
+  AttentionMask mask;
+  if (segments.defined()) {
+    if (!segments.sizes().equals(tokens.sizes())) {
+      throw InvalidArgumentError("Llama: segments [" + std::to_string(segments.size(0)) +
+                                 ", ...] must have the shape of tokens");
+    }
+    // Each row's positions restart at its documents' starts: the tables'
+    // rows gathered per token, [B, 1, T, head_dim] for the heads.
+    const at::Tensor positions = SegmentPositions(segments.to(x.device()));
+    const int64_t B = tokens.size(0), T = tokens.size(1);
+    auto per_row = [&](const at::Tensor& table) {
+      return table.index_select(0, positions.reshape({-1})).view({B, T, -1}).unsqueeze(1);
+    };
+    rotary = {per_row(rotary.first), per_row(rotary.second)};
+    mask = SegmentMask(segments.to(x.device()));
+  }
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    x = fsdp::forward(layer(i), x, rotary.first, rotary.second, mask);
+  }
+  return model->norm->forward(x);
+}
+
+void LlamaForCausalLMImpl::add_lora(const LoraOptions& lora) {
+  if (lora_.rank > 0) throw InvalidArgumentError("LoRA: the model has adapters already");
+  if (lora.rank < 1 || !(lora.alpha > 0) || !(lora.dropout >= 0 && lora.dropout < 1)) {
+    throw InvalidArgumentError("LoRA: lora_rank (" + std::to_string(lora.rank) +
+                               ") must be at least 1, lora_alpha (" +
+                               std::to_string(lora.alpha) + ") positive and lora_dropout (" +
+                               std::to_string(lora.dropout) + ") in [0, 1)");
+  }
+  if (lora.target_modules.empty()) {
+    throw InvalidArgumentError("LoRA: lora_target_modules is empty (known: q_proj, k_proj, "
+                               "v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  }
+  for (const std::string& t : lora.target_modules) {
+    const auto& known = LoraTargetNames();
+    if (std::find(known.begin(), known.end(), t) == known.end()) {
+      throw InvalidArgumentError("LoRA: lora_target_modules names \"" + t +
+                                 "\", which is no module of the Llama family's decoder "
+                                 "layers (known: q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                                 "up_proj, down_proj)");
+    }
+  }
+  for (const at::Tensor& p : parameters()) p.set_requires_grad(false);
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    LlamaDecoderLayer l = layer(i);
+    const std::map<std::string, torch::nn::Linear> projections = {
+        {"q_proj", l->self_attn->q_proj},   {"k_proj", l->self_attn->k_proj},
+        {"v_proj", l->self_attn->v_proj},   {"o_proj", l->self_attn->o_proj},
+        {"gate_proj", l->mlp->gate_proj},   {"up_proj", l->mlp->up_proj},
+        {"down_proj", l->mlp->down_proj}};
+    for (const std::string& t : lora.target_modules) {
+      torch::nn::Linear linear = projections.at(t);
+      if (linear->named_children().contains("lora_A")) continue;  // named twice
+      const int64_t in = linear->weight.size(1), out = linear->weight.size(0);
+      // Built as the base weights were (float32, or deferred under
+      // tensor_init_context()); a later Module::to converts them alike.
+      auto a = LoraFactor(in, lora.rank, lora.scaling(), lora.dropout);
+      auto b = LoraFactor(lora.rank, out, lora.scaling(), lora.dropout);
+      {
+        torch::NoGradGuard no_grad;
+        // PEFT's init: A Kaiming-uniform with a = sqrt(5) (nn.Linear's own),
+        // B zero, so the adapted model starts as the base model.
+        torch::nn::init::kaiming_uniform_(a->weight, std::sqrt(5.0));
+        torch::nn::init::zeros_(b->weight);
+      }
+      linear->register_module("lora_A", a);
+      linear->register_module("lora_B", b);
+    }
+  }
+  lora_ = lora;
+}
+
 tp::TensorParallelPlan LlamaForCausalLMImpl::tensor_parallel_plan(int tp_size) const {
   const HfLlamaConfig& c = config_;
+  if (lora_.rank > 0 && tp_size > 1) {
+    throw InvalidArgumentError(
+        "Llama: LoRA adapters with tensor_parallel_size " + std::to_string(tp_size) +
+        " are not supported: train LoRA with data parallelism (tensor_parallel_size 1)");
+  }
   if (tp_size < 1 || c.num_attention_heads % tp_size != 0 ||
       c.num_key_value_heads % tp_size != 0 || c.intermediate_size % tp_size != 0) {
     throw InvalidArgumentError(
@@ -238,6 +353,43 @@ tp::TensorParallelPlan LlamaForCausalLMImpl::tensor_parallel_plan(int tp_size) c
           {"model.layers.*.mlp.gate_proj", ParallelStyle::Colwise()},
           {"model.layers.*.mlp.up_proj", ParallelStyle::Colwise()},
           {"model.layers.*.mlp.down_proj", ParallelStyle::Rowwise()}};
+}
+
+at::Tensor SegmentPositions(const at::Tensor& segments) {
+  at::NoGradGuard no_grad;
+  const int64_t T = segments.size(1);
+  const at::Tensor index = at::arange(T, segments.options().dtype(at::kLong))
+                               .unsqueeze(0)
+                               .expand(segments.sizes());
+  // Where a new run starts (column 0 always), the start index there; a
+  // running maximum carries it along the run.
+  at::Tensor starts = at::ones_like(segments, segments.options().dtype(at::kBool));
+  if (T > 1) {
+    starts.narrow(1, 1, T - 1)
+        .copy_(segments.narrow(1, 1, T - 1).ne(segments.narrow(1, 0, T - 1)));
+  }
+  const at::Tensor start = std::get<0>(at::cummax(index * starts.to(at::kLong), 1));
+  return index - start;
+}
+
+AttentionMask SegmentMask(const at::Tensor& segments) {
+  at::NoGradGuard no_grad;
+  // Run ids rather than the values, so two documents with equal ids that
+  // are not neighbours stay apart.
+  const int64_t T = segments.size(1);
+  at::Tensor starts = at::zeros_like(segments, segments.options().dtype(at::kLong));
+  if (T > 1) {
+    starts.narrow(1, 1, T - 1)
+        .copy_(segments.narrow(1, 1, T - 1).ne(segments.narrow(1, 0, T - 1)));
+  }
+  const at::Tensor run = starts.cumsum(1);
+  return {run.unsqueeze(2).eq(run.unsqueeze(1)).unsqueeze(1)};
+}
+
+const std::vector<std::string>& LoraTargetNames() {
+  static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+  return names;
 }
 
 std::pair<at::Tensor, at::Tensor> RotaryTables(const HfLlamaConfig& config, int64_t T,

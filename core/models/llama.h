@@ -29,7 +29,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "core/models/hf_config.h"
 #include "core/tp/plan.h"
@@ -52,13 +54,39 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// Which keys each query may see beyond causality: for packed rows (several
+// documents in one sequence) and padded rows, `allowed` [B, 1, T, T] (bool)
+// is true where query q and key k belong to the same document; undefined for
+// rows that are one document each. A plain struct rather than a tensor
+// argument: it takes no gradient and is not cast under mixed precision.
+struct AttentionMask {
+  at::Tensor allowed;
+};
+
+// Low-rank adapters (LoRA, as PEFT's LoraConfig): the named projections of
+// every decoder layer get y = W x + (alpha / rank) * B A dropout(x), with
+// A [rank, in] drawn as PEFT draws it (Kaiming uniform, a = sqrt(5)) and B
+// [out, rank] zero, registered as the projection's children lora_A and
+// lora_B (model.layers.0.self_attn.q_proj.lora_A.weight: PEFT's names
+// without its "base_model.model." prefix). Every other parameter is frozen.
+struct LoraOptions {
+  int64_t rank = 0;     // 0: no adapters
+  double alpha = 8;     // PEFT's default lora_alpha
+  double dropout = 0;   // on the adapter's input, in training only
+  // Of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  double scaling() const { return alpha / static_cast<double>(rank); }
+};
+
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   // The attention of decoder layer `layer` (its sliding window).
   LlamaAttentionImpl(const HfLlamaConfig& config, int64_t layer);
-  // x [B, T, hidden], cos and sin [T, head_dim] in x's dtype. Under tensor
-  // parallelism q, k, v give this rank's heads and o_proj sums over ranks.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // x [B, T, hidden], cos and sin [T, head_dim] (or [B, 1, T, head_dim] for
+  // per-row positions) in x's dtype. Under tensor parallelism q, k, v give
+  // this rank's heads and o_proj sums over ranks.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const AttentionMask& mask = {});
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
@@ -83,7 +111,8 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   LlamaDecoderLayerImpl(const HfLlamaConfig& config, int64_t layer);
   // h = x + self_attn(input_layernorm(x));
   // h + mlp(post_attention_layernorm(h)).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const AttentionMask& mask = {});
 
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -112,8 +141,26 @@ class LlamaForCausalLMImpl : public torch::nn::Module,
   // InvalidArgumentError for a config with a non-positive size.
   explicit LlamaForCausalLMImpl(const HfLlamaConfig& config);
   // tokens [B, T] (int64) -> logits [B, T, vocab_size] in the activations'
-  // dtype (transformers does not upcast them either).
-  at::Tensor forward(const at::Tensor& tokens);
+  // dtype (transformers does not upcast them either). `segments` [B, T]
+  // (integers, optional) packs several documents into a row: equal
+  // neighbouring values are one document, whose positions restart at 0 and
+  // whose tokens attend only inside it (padding is a document of its own,
+  // -1 by convention); undefined: each row is one document.
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& segments = at::Tensor());
+  // The final hidden states [B, T, hidden] (forward without the LM head).
+  at::Tensor hidden(const at::Tensor& tokens, const at::Tensor& segments = at::Tensor());
+  // The LM head's weight (the embedding's when tied).
+  const at::Tensor& head_weight() const;
+
+  // Adds LoRA adapters (LoraOptions) to the decoder layers and freezes
+  // every other parameter. Call once, before the model is sharded or
+  // converted to another dtype (LlamaModule's constructor does).
+  // InvalidArgumentError for a rank below 1, an alpha that is not positive,
+  // a dropout outside [0, 1), a target that names no projection, or a
+  // second call.
+  void add_lora(const LoraOptions& lora);
+  // The adapters' options (rank 0 when there are none).
+  const LoraOptions& lora() const { return lora_; }
 
   const HfLlamaConfig& config() const { return config_; }
   LlamaDecoderLayer layer(size_t i) const;
@@ -128,8 +175,20 @@ class LlamaForCausalLMImpl : public torch::nn::Module,
 
  private:
   HfLlamaConfig config_;
+  LoraOptions lora_;
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// Per-row position ids [B, T] of `segments` [B, T]: 0 at the first token of
+// each run of equal values, counting up within it.
+at::Tensor SegmentPositions(const at::Tensor& segments);
+// [B, 1, T, T] true where query q and key k lie in the same segment (the
+// causal and window limits are the attention's own).
+AttentionMask SegmentMask(const at::Tensor& segments);
+
+// The projections LoRA may target: q_proj, k_proj, v_proj, o_proj,
+// gate_proj, up_proj, down_proj.
+const std::vector<std::string>& LoraTargetNames();
 
 // The rotary tables of positions 0..T-1 for `config`: {cos, sin}, each
 // [T, head_dim] in `dtype` on `device`, computed in float32 (float64 for

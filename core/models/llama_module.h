@@ -42,19 +42,24 @@ class LlamaModule : public strategy::TrainingModule, public strategy::HfModel {
   // float32 or `dtype` (Module::to, so deferred under tensor_init_context();
   // the config's dtype is how the files store the weights, not what trains),
   // whose weights parallelize() loads from `weights_path` ("" for none).
+  // With `lora.rank` > 0 the model gets LoRA adapters and only they train
+  // (LlamaForCausalLMImpl::add_lora; its errors).
   LlamaModule(const HfLlamaConfig& config, const strategy::OptimizerOptions& optimizer = {},
               std::optional<at::ScalarType> dtype = std::nullopt,
-              std::string weights_path = "");
+              std::string weights_path = "", const LoraOptions& lora = {});
   // The checkpoint directory `dir`: its config.json now, its weights in
   // parallelize(). Parameters are float32 unless `dtype` says otherwise,
   // whatever the files hold (they are converted as they load).
   static std::shared_ptr<LlamaModule> FromPretrained(
       const std::string& dir, const strategy::OptimizerOptions& optimizer = {},
-      std::optional<at::ScalarType> dtype = std::nullopt);
+      std::optional<at::ScalarType> dtype = std::nullopt, const LoraOptions& lora = {});
 
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
-  // batch = {tokens [B, T], targets [B, T]}: the mean next-token
-  // cross-entropy.
+  // batch = {tokens [B, T], targets [B, T]} or {tokens, targets, segments
+  // [B, T]}: the mean next-token cross-entropy over the targets that are
+  // not the ignore index -100 (0 when there are none). Segments pack
+  // several documents into a row (LlamaForCausalLMImpl::forward); padding
+  // is a segment of its own whose targets are -100.
   at::Tensor training_step(const strategy::Batch& batch, int64_t batch_idx) override;
   at::Tensor validation_step(const strategy::Batch& batch, int64_t batch_idx) override;
   // batch = {tokens [B, T]}: the most likely next token, [B, T] int64.
@@ -62,12 +67,18 @@ class LlamaModule : public strategy::TrainingModule, public strategy::HfModel {
   // Over the parameters that require a gradient.
   std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override;
 
+  // The targets of `batch` other than -100 (TrainingModule::loss_items):
+  // the step's loss is the mean over those of the whole global batch.
+  int64_t loss_items(const strategy::Batch& batch) override;
+
   std::string hf_weights_path() const override { return weights_path_; }
   std::string hf_config_json(at::ScalarType dtype) const override;
+  strategy::HfLora hf_lora() const override;
 
   at::Tensor loss(const strategy::Batch& batch);
-  // Logits [B, T, vocab_size] through fsdp::forward.
-  at::Tensor logits(const at::Tensor& tokens);
+  // Logits [B, T, vocab_size] through fsdp::forward (`segments` as in
+  // loss()).
+  at::Tensor logits(const at::Tensor& tokens, const at::Tensor& segments = at::Tensor());
 
   LlamaForCausalLM model() const { return model_; }
   const HfLlamaConfig& config() const { return model_->config(); }

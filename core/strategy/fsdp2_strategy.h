@@ -401,8 +401,22 @@ class FSDP2Strategy {
   // layout (checkpoint::SaveHfWeights: shards of at most max_shard_bytes
   // and their index, or one model.safetensors; config.json), in `dtype`
   // or the parameters' own, atomically; `from_pretrained(dir)` loads it.
-  // The module must be an HfModel (it gives config.json):
+  // The source checkpoint's tokenizer files and generation_config.json
+  // are copied along (a generation_config.json is written from config.json
+  // where the source has none), so the directory loads and generates as
+  // it is. A model with LoRA adapters (HfModel::hf_lora) writes only the
+  // adapters, in PEFT's layout (adapter_model.safetensors,
+  // adapter_config.json, the tokenizer files): PeftModel.from_pretrained
+  // loads them onto the base checkpoint; save_hf_merged_checkpoint writes
+  // the whole model. The module must be an HfModel (it gives config.json):
   // InvalidArgumentError otherwise. Collective.
+  // As save_hf_checkpoint, with LoRA adapters merged into the weights they
+  // adapt (W + alpha / rank * B A, in float32 then the weights' dtype): a
+  // full checkpoint in transformers' layout. Without adapters the same as
+  // save_hf_checkpoint.
+  void save_hf_merged_checkpoint(const std::string& dir,
+                                 int64_t max_shard_bytes = 5'000'000'000,
+                                 std::optional<at::ScalarType> dtype = std::nullopt);
   void save_hf_checkpoint(const std::string& dir, int64_t max_shard_bytes = 5'000'000'000,
                           std::optional<at::ScalarType> dtype = std::nullopt);
 
@@ -548,6 +562,8 @@ class FSDP2Strategy {
 
  private:
   void require(bool setup, bool parallelized, const char* what) const;
+  void save_hf(const std::string& dir, int64_t max_shard_bytes,
+               std::optional<at::ScalarType> dtype, bool merged);
   // As require(true, true, what), and the optimizer is still there (no
   // teardown() since).
   void require_optimizer(const char* what) const;

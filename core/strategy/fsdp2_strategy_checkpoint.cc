@@ -4,10 +4,15 @@
 // removing and checking a target, and loading a model state dict from a
 // safetensors file (see core/checkpoint/); the model's and the optimizer's
 // state dicts in memory.
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -46,22 +51,84 @@ void FSDP2Strategy::load_model_state_dict(const std::string& safetensors_path, b
   load_model_state_dict(state, strict);
 }
 
+namespace {
+bool IsLoraName(const std::string& name);
+}  // namespace
+
 void FSDP2Strategy::load_hf_weights() {
   const auto* hf = dynamic_cast<const HfModel*>(module_.get());
   if (hf == nullptr || hf->hf_weights_path().empty()) return;
-  checkpoint::LoadHfWeights(hf->hf_weights_path(), *module_->module(), *world_);
+  // LoRA adapters are not in the base checkpoint: they keep their draw.
+  std::function<bool(const std::string&)> keep;
+  if (hf->hf_lora().rank > 0) keep = IsLoraName;
+  checkpoint::LoadHfWeights(hf->hf_weights_path(), *module_->module(), *world_, keep);
 }
 
 void FSDP2Strategy::save_hf_checkpoint(const std::string& dir, int64_t max_shard_bytes,
                                        std::optional<at::ScalarType> dtype) {
-  require(true, true, "save_hf_checkpoint");
+  save_hf(dir, max_shard_bytes, dtype, /*merged=*/false);
+}
+
+void FSDP2Strategy::save_hf_merged_checkpoint(const std::string& dir, int64_t max_shard_bytes,
+                                              std::optional<at::ScalarType> dtype) {
+  save_hf(dir, max_shard_bytes, dtype, /*merged=*/true);
+}
+
+namespace {
+
+bool IsLoraName(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos ||
+         name.find(".lora_B.") != std::string::npos;
+}
+
+// generation_config.json as transformers writes it from a model's config
+// (its special token ids), for a source checkpoint that has none.
+std::string GenerationConfigJson(const std::string& config_json) {
+  const nlohmann::json config = nlohmann::json::parse(config_json);
+  nlohmann::json g = {{"_from_model_config", true}};
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (config.contains(key) && !config[key].is_null()) g[key] = config[key];
+  }
+  if (config.contains("transformers_version")) {
+    g["transformers_version"] = config["transformers_version"];
+  }
+  return g.dump(2) + "\n";
+}
+
+// PEFT's adapter_config.json for `lora` over the base checkpoint `base`.
+std::string AdapterConfigJson(const HfLora& lora, const std::string& base) {
+  const nlohmann::json j = {{"peft_type", "LORA"},
+                            {"task_type", "CAUSAL_LM"},
+                            {"base_model_name_or_path", base},
+                            {"r", lora.rank},
+                            {"lora_alpha", lora.alpha},
+                            {"lora_dropout", lora.dropout},
+                            {"target_modules", lora.target_modules},
+                            {"bias", "none"},
+                            {"fan_in_fan_out", false},
+                            {"inference_mode", true},
+                            {"init_lora_weights", true},
+                            {"use_rslora", false},
+                            {"use_dora", false},
+                            {"modules_to_save", nullptr},
+                            {"layers_to_transform", nullptr},
+                            {"revision", nullptr}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
+void FSDP2Strategy::save_hf(const std::string& dir, int64_t max_shard_bytes,
+                            std::optional<at::ScalarType> dtype, bool merged) {
+  const char* what = merged ? "save_hf_merged_checkpoint" : "save_hf_checkpoint";
+  require(true, true, what);
   wait_for_host_optimizer();
   const auto* hf = dynamic_cast<const HfModel*>(module_.get());
   if (hf == nullptr) {
     throw InvalidArgumentError(
-        "FSDP2Strategy::save_hf_checkpoint: the module is not a Hugging Face model (an "
-        "HfModel, such as models::LlamaModule): there is no config.json to save with it; "
-        "use save_checkpoint");
+        std::string("FSDP2Strategy::") + what +
+        ": the module is not a Hugging Face model (an HfModel, such as models::LlamaModule): "
+        "there is no config.json to save with it; use save_checkpoint");
   }
   checkpoint::HfSaveOptions options;
   options.max_shard_bytes = max_shard_bytes;
@@ -71,8 +138,53 @@ void FSDP2Strategy::save_hf_checkpoint(const std::string& dir, int64_t max_shard
     config_dtype = p.scalar_type();
     break;
   }
-  checkpoint::SaveHfWeights(dir, *module_->module(), hf->hf_config_json(dtype.value_or(config_dtype)),
-                            options, *world_);
+  std::string config_json = hf->hf_config_json(dtype.value_or(config_dtype));
+  // The source's tokenizer and generation config travel with the weights.
+  std::string source = hf->hf_weights_path();
+  if (!source.empty() && !std::filesystem::is_directory(source)) {
+    source = std::filesystem::path(source).parent_path().string();
+  }
+  if (!source.empty()) options.copy_files = checkpoint::HfCompanionFiles(source);
+  const bool has_generation_config = std::any_of(
+      options.copy_files.begin(), options.copy_files.end(), [](const std::string& f) {
+        return std::filesystem::path(f).filename() == "generation_config.json";
+      });
+  if (!has_generation_config) {
+    options.files["generation_config.json"] = GenerationConfigJson(config_json);
+  }
+  const HfLora lora = hf->hf_lora();
+  if (lora.rank > 0 && !merged) {
+    // PEFT's layout: only the adapters, named from PeftModel's root.
+    options.weights_name = "adapter_model";
+    options.rename = [](const std::string& name) {
+      return IsLoraName(name) ? "base_model.model." + name : std::string();
+    };
+    const std::string base =
+        source.empty() ? std::string() : std::filesystem::absolute(source).string();
+    options.files["adapter_config.json"] = AdapterConfigJson(lora, base);
+    config_json.clear();  // the base checkpoint's config.json applies
+  } else if (lora.rank > 0) {
+    const double scaling = lora.alpha / static_cast<double>(lora.rank);
+    options.rename = [](const std::string& name) {
+      return IsLoraName(name) ? std::string() : name;
+    };
+    // W + scaling * B A where the projection has adapters.
+    std::set<std::string> adapted;
+    for (const auto& item : module_->module()->named_parameters()) {
+      const std::string& name = item.key();
+      const auto at = name.find(".lora_A.weight");
+      if (at != std::string::npos) adapted.insert(name.substr(0, at) + ".weight");
+    }
+    options.transform = [adapted, scaling](const std::string& name, const at::Tensor& full,
+                                           const checkpoint::GatherParameter& gather) {
+      if (adapted.count(name) == 0) return full;
+      const std::string stem = name.substr(0, name.size() - std::string(".weight").size());
+      const at::Tensor a = gather(stem + ".lora_A.weight").to(at::kFloat);
+      const at::Tensor b = gather(stem + ".lora_B.weight").to(at::kFloat);
+      return (full.to(at::kFloat) + at::matmul(b, a) * scaling).to(full.scalar_type());
+    };
+  }
+  checkpoint::SaveHfWeights(dir, *module_->module(), config_json, options, *world_);
 }
 
 void FSDP2Strategy::save_checkpoint(const std::string& path, bool async) {

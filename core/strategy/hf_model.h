@@ -12,9 +12,18 @@
 #include <c10/core/ScalarType.h>
 
 #include <string>
+#include <vector>
 
 namespace fsdp2 {
 namespace strategy {
+
+// A model's LoRA adapters, as PEFT's adapter_config.json describes them.
+struct HfLora {
+  int64_t rank = 0;  // 0: the model has no adapters
+  double alpha = 0;
+  double dropout = 0;
+  std::vector<std::string> target_modules;
+};
 
 // The interface a Hugging Face-backed TrainingModule also implements (see
 // the file comment); FSDP2Strategy finds it with dynamic_cast.
@@ -26,6 +35,10 @@ class HfModel {
   virtual std::string hf_weights_path() const = 0;
   // config.json's text for weights saved in `dtype`.
   virtual std::string hf_config_json(at::ScalarType dtype) const = 0;
+  // The adapters whose parameters are named <projection>.lora_A.weight and
+  // .lora_B.weight (save_hf_checkpoint writes them in PEFT's layout, and
+  // merges them into a full save); rank 0 for none.
+  virtual HfLora hf_lora() const { return {}; }
 };
 
 }  // namespace strategy

@@ -8,8 +8,11 @@
 //   grad_norm = strategy.optimizer_step(gradient_clip_val)
 //
 // so the gradient is that of the mean loss over the micro-batches and is
-// communicated once, on the last. Collective: every rank calls it with the
-// same k.
+// communicated once, on the last. When the module counts its loss items
+// (TrainingModule::loss_items, e.g. targets that are not -100), the
+// micro-batches are weighted by their share of the global batch's items
+// instead of 1/k: the gradient of the mean over every item of every rank.
+// Collective: every rank calls it with the same k.
 #ifndef FSDP2_CORE_STRATEGY_MICRO_BATCH_STEP_H_
 #define FSDP2_CORE_STRATEGY_MICRO_BATCH_STEP_H_
 
@@ -30,7 +33,11 @@ struct MicroBatch {
 
 // What MicroBatchStep reports; the loss is this rank's only.
 struct MicroBatchStepResult {
-  double local_loss = 0;  // this rank's mean micro-batch loss (not reduced)
+  // This rank's loss, not reduced: the mean of its micro-batch losses, or,
+  // when the module counts loss items (TrainingModule::loss_items), its
+  // items' share of the global loss times the data-parallel size, so that
+  // the mean over ranks is the loss over every item of the global batch.
+  double local_loss = 0;
   double grad_norm = 0;   // as optimizer_step returns it
 };
 

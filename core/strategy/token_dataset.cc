@@ -6,9 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <utility>
 
 #include "core/common/error.h"
 
@@ -87,14 +92,112 @@ at::Tensor MapTokenWindows(const std::string& path, const TokenDatasetOptions& o
   return all.narrow(0, 0, all_rows * window).view({all_rows, window}).narrow(0, first, last - first);
 }
 
+namespace {
+
+// [first, last) of `rows` for the fractions.
+std::pair<int64_t, int64_t> FractionRows(int64_t rows, double begin, double end) {
+  if (!(begin >= 0 && begin < end && end <= 1)) {
+    throw InvalidArgumentError("need 0 <= begin_fraction < end_fraction <= 1");
+  }
+  return {static_cast<int64_t>(std::floor(begin * rows)),
+          static_cast<int64_t>(std::floor(end * rows))};
+}
+
+// `path`'s `count` int32 values, mapped read-only (IoError naming it when
+// its size differs).
+at::Tensor MapInt32(const std::string& path, int64_t count) {
+  ReadOnlyFile file(path);
+  struct stat st;
+  if (::fstat(file.fd(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    throw IoError("prepared dataset file " + path + " is not a regular file");
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  if (bytes != static_cast<size_t>(count) * 4) {
+    throw IoError("prepared dataset file " + path + " has " + std::to_string(bytes) +
+                  " bytes; meta.json's rows x seq_len int32 values are " +
+                  std::to_string(count * 4) + " (an interrupted or mixed preparation?)");
+  }
+  if (count == 0) return at::empty({0}, at::kInt);
+  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+  if (map == MAP_FAILED) throw IoError("cannot map prepared dataset file " + path);
+  return at::from_blob(map, {count}, [bytes](void* p) { ::munmap(p, bytes); },
+                       at::TensorOptions().dtype(at::kInt));
+}
+
+}  // namespace
+
+bool IsPreparedDataset(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec) &&
+         std::filesystem::is_regular_file(std::filesystem::path(path) / "meta.json", ec);
+}
+
+PreparedDataset MapPreparedDataset(const std::string& dir, double begin_fraction,
+                                   double end_fraction) {
+  const std::string meta_path = (std::filesystem::path(dir) / "meta.json").string();
+  std::ifstream in(meta_path);
+  if (!in) throw NotFoundError("prepared dataset " + dir + ": no meta.json");
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(meta_path + " is not JSON: " + e.what());
+  }
+  const auto field = [&](const char* key) -> const nlohmann::json& {
+    if (!meta.is_object() || !meta.contains(key)) {
+      throw IoError(meta_path + " has no \"" + std::string(key) +
+                    "\" (not a dataset written by fsdp2.prepare_data)");
+    }
+    return meta[key];
+  };
+  if (field("format") != "fsdp2-sft" || field("version") != 1 || field("dtype") != "int32" ||
+      field("byte_order") != "little") {
+    throw IoError(meta_path + ": format " + field("format").dump() + " version " +
+                  field("version").dump() +
+                  " is not fsdp2.prepare_data's \"fsdp2-sft\" version 1 (int32, little-endian)");
+  }
+  const nlohmann::json& seq = field("seq_len");
+  const nlohmann::json& rows_field = field("rows");
+  if (!seq.is_number_integer() || seq.get<int64_t>() < 1 || !rows_field.is_number_integer() ||
+      rows_field.get<int64_t>() < 0) {
+    throw IoError(meta_path + ": seq_len and rows must be a positive and a non-negative integer");
+  }
+  const int64_t T = seq.get<int64_t>(), rows = rows_field.get<int64_t>();
+  const nlohmann::json& files = field("files");
+  const auto [first, last] = FractionRows(rows, begin_fraction, end_fraction);
+  PreparedDataset out;
+  out.seq_len = T;
+  for (auto [key, target] : {std::pair<const char*, at::Tensor*>{"tokens", &out.tokens},
+                            {"labels", &out.labels},
+                            {"segments", &out.segments}}) {
+    if (!files.is_object() || !files.contains(key) || !files[key].is_string()) {
+      throw IoError(meta_path + ": \"files\" must name the \"" + std::string(key) + "\" file");
+    }
+    const std::string path = (std::filesystem::path(dir) / files[key].get<std::string>()).string();
+    *target = MapInt32(path, rows * T).view({rows, T}).narrow(0, first, last - first);
+  }
+  return out;
+}
+
 TokenLoader::TokenLoader(DataLoader windows, TokenType token_type, int64_t block_size)
     : windows_(std::move(windows)), token_type_(token_type), block_size_(block_size) {}
+
+TokenLoader TokenLoader::Prepared(DataLoader rows, int64_t seq_len) {
+  TokenLoader loader(std::move(rows), TokenType::kInt32, seq_len);
+  loader.prepared_ = true;
+  return loader;
+}
 
 Batch TokenLoader::batch(int64_t index) const {
   if (index < 0 || index >= num_batches()) {
     throw InvalidArgumentError("batch_idx " + std::to_string(index) +
                                " is outside the loader's " + std::to_string(num_batches()) +
                                " batches");
+  }
+  if (prepared_) {
+    Batch rows = windows_.batch(index);
+    for (at::Tensor& t : rows) t = t.to(at::kLong);
+    return rows;
   }
   at::Tensor windows = windows_.batch(index)[0].to(at::kLong);
   if (token_type_ == TokenType::kUInt16) windows = windows.bitwise_and(0xFFFF);
@@ -106,6 +209,19 @@ TokenLoader MakeTokenLoader(const FSDP2Strategy& strategy, const std::string& pa
   if (global_batch_size < 1) throw InvalidArgumentError("global_batch_size must be positive");
   if (!strategy.world()) {
     throw FailedPreconditionError("MakeTokenLoader: call setup_environment() first");
+  }
+  if (IsPreparedDataset(path)) {
+    const PreparedDataset data =
+        MapPreparedDataset(path, options.begin_fraction, options.end_fraction);
+    if (data.tokens.size(0) < global_batch_size) {
+      throw InvalidArgumentError("prepared dataset " + path + " holds " +
+                                 std::to_string(data.tokens.size(0)) +
+                                 " rows in the chosen fraction, fewer than one global batch of " +
+                                 std::to_string(global_batch_size));
+    }
+    return TokenLoader::Prepared(
+        strategy.process_dataloader({data.tokens, data.labels, data.segments}, global_batch_size),
+        data.seq_len);
   }
   at::Tensor windows = MapTokenWindows(path, options);
   if (windows.size(0) < global_batch_size) {

@@ -6,6 +6,13 @@
 // is {inputs [B, block_size], targets [B, block_size]} (targets shifted by
 // one), as int64. Only the rows a batch needs are read from the mapping.
 //
+// A directory written by fsdp2.prepare_data (docs/data-format.md: meta.json
+// with tokens.bin, labels.bin and segments.bin, int32 [rows, seq_len]) loads
+// through the same loader: a batch is then {inputs, targets, segments}, the
+// targets already shifted and -100 where nothing is learned (prompts, chat
+// templates, padding, documents' last tokens), the segments numbering the
+// documents packed into each row (-1 for padding).
+//
 //   TokenDatasetOptions o;  o.block_size = 256;  o.end_fraction = 0.9;
 //   TokenLoader train = MakeTokenLoader(strategy, "tokens.bin", o, /*global_batch_size=*/32);
 //   strategy::TrainingStepOnRows(strategy, train.batch(i), i, 1);
@@ -48,33 +55,63 @@ struct TokenDatasetOptions {
 // bad options.
 at::Tensor MapTokenWindows(const std::string& path, const TokenDatasetOptions& options);
 
-// This data-parallel rank's batches of a token file's windows.
+// A dataset of fsdp2.prepare_data (see the file comment), mapped: its rows
+// in [begin_fraction, end_fraction) of tokens, labels and segments, int32
+// [rows, seq_len] over read-only mappings.
+struct PreparedDataset {
+  at::Tensor tokens, labels, segments;
+  int64_t seq_len = 0;
+};
+
+// Whether `path` is a directory holding a prepared dataset's meta.json.
+bool IsPreparedDataset(const std::string& path);
+
+// Maps the prepared dataset in directory `dir`. Throws IoError naming the
+// file for a meta.json that is not one of format "fsdp2-sft" version 1, a
+// data file whose size is not rows x seq_len int32 values, or one that
+// cannot be mapped; InvalidArgumentError for bad fractions.
+PreparedDataset MapPreparedDataset(const std::string& dir, double begin_fraction = 0,
+                                   double end_fraction = 1);
+
+// This data-parallel rank's batches of a token file's windows, or of a
+// prepared dataset's rows.
 class TokenLoader {
  public:
   // A loader over `windows` (a DataLoader of [rows, block_size + 1] token
   // windows, as MakeTokenLoader builds it) of `token_type` tokens.
   TokenLoader(DataLoader windows, TokenType token_type, int64_t block_size);
+  // A loader over a prepared dataset's rows (a DataLoader of {tokens,
+  // labels, segments}, as MakeTokenLoader builds it).
+  static TokenLoader Prepared(DataLoader rows, int64_t seq_len);
   // Global batches per epoch (the sampler's drop_last decides a partial one).
   int64_t num_batches() const { return windows_.num_batches(); }
-  // {inputs, targets}, int64 [local rows, block_size]. Throws
-  // InvalidArgumentError for an index outside 0..num_batches()-1.
+  // {inputs, targets}, int64 [local rows, block_size], or for a prepared
+  // dataset {inputs, targets, segments}. Throws InvalidArgumentError for an
+  // index outside 0..num_batches()-1.
   Batch batch(int64_t index) const;
   // Reshuffles the windows for `epoch` (the order depends only on the seed
   // and epoch, the same on every rank).
   void set_epoch(int64_t epoch) { windows_.set_epoch(epoch); }
-  // Tokens per input row (each window holds one more).
+  // Tokens per input row (each window holds one more; a prepared
+  // dataset's seq_len).
   int64_t block_size() const { return block_size_; }
+  // Whether the rows come from a prepared dataset.
+  bool prepared() const { return prepared_; }
 
  private:
   DataLoader windows_;
   TokenType token_type_;
   int64_t block_size_;
+  bool prepared_ = false;
 };
 
 // MapTokenWindows, cut by strategy.process_dataloader into global batches
-// of `global_batch_size` windows. Throws InvalidArgumentError when the
-// chosen fraction holds fewer windows than one global batch, and
-// FailedPreconditionError before strategy.setup_environment().
+// of `global_batch_size` windows; for a prepared dataset's directory
+// (IsPreparedDataset) MapPreparedDataset's rows instead, whose seq_len
+// replaces options.block_size (token_type is not used). Throws
+// InvalidArgumentError when the chosen fraction holds fewer windows than
+// one global batch, and FailedPreconditionError before
+// strategy.setup_environment().
 TokenLoader MakeTokenLoader(const FSDP2Strategy& strategy, const std::string& path,
                             const TokenDatasetOptions& options, int64_t global_batch_size);
 

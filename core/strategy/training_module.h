@@ -64,6 +64,15 @@ class TrainingModule {
   // which are local shards by then.
   virtual std::unique_ptr<torch::optim::Optimizer> configure_optimizers() = 0;
 
+  // How many items the loss of `batch` averages over (for a language model:
+  // its targets other than the ignore index -100), or -1 (the default) for
+  // a loss that is not such a mean. When every micro-batch of a step gives a
+  // count, the step's loss is the mean over the items of the whole global
+  // batch, across micro-batches and data-parallel ranks (transformers'
+  // num_items_in_batch), not the mean of per-micro-batch means: each
+  // micro-batch's loss is weighted by its share of the global count.
+  virtual int64_t loss_items(const Batch& batch) { return -1; }
+
   // The loss reduction for `step` (the spec's training_loss_reduction,
   // validation_loss_reduction, ...), or nullptr: the step returns its loss.
   virtual std::shared_ptr<LossReduction> loss_reduction(StepType step) {

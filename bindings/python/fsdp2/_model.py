@@ -37,18 +37,33 @@ class Model(_Handle):
         return cls.from_config(dict(family="mlp", **sizes))
 
     @classmethod
-    def from_hf(cls, path, dtype=None):
+    def from_hf(cls, path, dtype=None, lora_rank=0, lora_alpha=8.0, lora_dropout=0.0,
+                lora_target_modules=None):
         """A Hugging Face Llama, Mistral or Qwen2 checkpoint directory
         (config.json and model.safetensors, or shards with
         model.safetensors.index.json, as save_pretrained writes them). The
         weights load in parallelize(), each rank reading only its rows;
         inside tensor_init_context() no rank ever holds the whole model.
         Parameters are float32 unless `dtype` ("bfloat16", "float16",
-        "float64") says otherwise. Batch and predictions as for gpt();
-        save with FSDP2Strategy.save_hf()."""
+        "float64") says otherwise. Batch and predictions as for gpt(); a
+        batch may also be [tokens, targets, segments] with -100 targets
+        (not learned) and packed documents, as TokenDataLoader reads a
+        dataset of fsdp2.prepare_data; save with FSDP2Strategy.save_hf().
+
+        lora_rank > 0 trains LoRA adapters (PEFT's r, lora_alpha,
+        lora_dropout, lora_target_modules: "q_proj,v_proj" or a list of
+        q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)
+        and freezes every other weight."""
         config = {"family": "hf", "path": os.fspath(path)}
         if dtype is not None:
             config["dtype"] = dtype
+        if lora_rank:
+            config.update(lora_rank=int(lora_rank), lora_alpha=float(lora_alpha),
+                          lora_dropout=float(lora_dropout))
+            if lora_target_modules is not None:
+                config["lora_target_modules"] = (
+                    lora_target_modules if isinstance(lora_target_modules, str)
+                    else list(lora_target_modules))
         return cls.from_config(config)
 
     @classmethod

@@ -181,7 +181,11 @@ class FSDP2Strategy(_Handle):
                          token_dtype=np.uint8, begin_fraction=0.0, end_fraction=1.0):
         """A loader over a token file (uint8 bytes of text, uint16 or int32
         tokens): windows of block_size + 1 tokens, cut into global batches
-        by the strategy's sampler."""
+        by the strategy's sampler. `path` may also be a directory written by
+        fsdp2.prepare_data (docs/data-format.md): its rows of seq_len tokens
+        (block_size and token_dtype are then not used), each batch
+        [tokens, targets, segments] with -100 targets not learned and
+        documents packed, for a Model.from_hf() model."""
         codes = {np.dtype(np.uint8): _c.FSDP2_DTYPE_UINT8,
                  np.dtype(np.uint16): _c.FSDP2_DTYPE_UINT16,
                  np.dtype(np.int32): _c.FSDP2_DTYPE_INT32}
@@ -230,12 +234,16 @@ class FSDP2Strategy(_Handle):
         flags = _c.FSDP2_SAVE_ASYNC if asynchronous else 0
         _c.fsdp2_strategy_save_checkpoint_ex(self.handle, os.fspath(path), flags)
 
-    def save_hf(self, path, max_shard_size="5GB", dtype=None):
+    def save_hf(self, path, max_shard_size="5GB", dtype=None, merged=False):
         """Collective. Writes a Model.from_hf() model back as transformers'
         save_pretrained does (config.json; model.safetensors, or shards of
         at most max_shard_size with their index), in `dtype` ("bfloat16",
-        ...) or the parameters' own: from_pretrained(path) loads it."""
-        options = {"max_shard_size": max_shard_size}
+        ...) or the parameters' own, with the source's tokenizer files and
+        generation_config.json: from_pretrained(path) loads it and
+        generates. A model with LoRA adapters saves only them, in PEFT's
+        layout (PeftModel.from_pretrained(base, path) loads them), unless
+        `merged`: then the whole model with the adapters merged in."""
+        options = {"max_shard_size": max_shard_size, "merged": bool(merged)}
         if dtype is not None:
             options["dtype"] = dtype
         _c.fsdp2_strategy_save_hf_checkpoint(self.handle, os.fspath(path), json.dumps(options))

@@ -17,8 +17,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-pytest.importorskip("tokenizers")
-pytest.importorskip("transformers")
+import tokenizers  # noqa: F401 (the tokenizers fixtures build on it)
+import transformers  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE_PATH = os.environ.get("FSDP2_PREPARE_DATA") or os.path.join(
@@ -388,3 +388,9 @@ def test_runs_as_a_script_without_the_native_library(tmp_path, tokenizers):
     assert done.returncode == 0, done.stderr
     assert "3 documents" in done.stdout
     assert read(str(tmp_path / "out"))[0]["input_format"] == "messages"
+
+
+if __name__ == "__main__":  # bazel's py_test runs the file
+    import pytest
+
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider"]))

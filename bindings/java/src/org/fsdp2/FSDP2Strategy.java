@@ -493,9 +493,19 @@ public final class FSDP2Strategy extends Handle {
    * dtype} ("bfloat16", ...; null: the parameters' own).
    */
   public void saveHf(String path, String maxShardSize, String dtype) {
+    saveHf(path, maxShardSize, dtype, false);
+  }
+
+  /**
+   * Collective: as {@link #saveHf(String, String, String)}, with the source's tokenizer files and
+   * generation_config.json. A model with LoRA adapters saves only them, in PEFT's layout, unless
+   * {@code merged}: then the whole model with the adapters merged into its weights.
+   */
+  public void saveHf(String path, String maxShardSize, String dtype, boolean merged) {
     Map<String, Object> options = new java.util.LinkedHashMap<>();
     options.put("max_shard_size", maxShardSize);
     if (dtype != null) options.put("dtype", dtype);
+    options.put("merged", merged);
     Fsdp2Native.fsdp2_strategy_save_hf_checkpoint(handle(), path, Native.jsonObject(options));
   }
 

@@ -52,6 +52,33 @@ public final class Model extends Handle {
     return fromConfig(Native.jsonObject(config));
   }
 
+  /**
+   * {@link #fromHf(String, String)} with LoRA adapters of rank {@code loraRank} (PEFT's r; 0: none)
+   * on {@code loraTargetModules} (e.g. "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
+   * scaled by {@code loraAlpha} / rank, with {@code loraDropout} on their input while training.
+   * Every other weight is frozen; {@link FSDP2Strategy#saveHf} then writes the adapters in PEFT's
+   * layout.
+   */
+  public static Model fromHf(
+      String path,
+      String dtype,
+      long loraRank,
+      double loraAlpha,
+      double loraDropout,
+      String loraTargetModules) {
+    Map<String, Object> config = new LinkedHashMap<>();
+    config.put("family", "hf");
+    config.put("path", path);
+    if (dtype != null) config.put("dtype", dtype);
+    if (loraRank != 0) {
+      config.put("lora_rank", loraRank);
+      config.put("lora_alpha", loraAlpha);
+      config.put("lora_dropout", loraDropout);
+      if (loraTargetModules != null) config.put("lora_target_modules", loraTargetModules);
+    }
+    return fromConfig(Native.jsonObject(config));
+  }
+
   /** {@link #fromHf(String, String)} in float32. */
   public static Model fromHf(String path) {
     return fromHf(path, null);
