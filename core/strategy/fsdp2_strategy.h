@@ -401,24 +401,14 @@ class FSDP2Strategy {
   // layout (checkpoint::SaveHfWeights: shards of at most max_shard_bytes
   // and their index, or one model.safetensors; config.json), in `dtype`
   // or the parameters' own, atomically; `from_pretrained(dir)` loads it.
-  // The source checkpoint's tokenizer files and generation_config.json
-  // are copied along (a generation_config.json is written from config.json
-  // where the source has none), so the directory loads and generates as
-  // it is. A model with LoRA adapters (HfModel::hf_lora) writes only the
-  // adapters, in PEFT's layout (adapter_model.safetensors,
-  // adapter_config.json, the tokenizer files): PeftModel.from_pretrained
-  // loads them onto the base checkpoint; save_hf_merged_checkpoint writes
-  // the whole model. The module must be an HfModel (it gives config.json):
-  // InvalidArgumentError otherwise. Collective.
-  // As save_hf_checkpoint, with LoRA adapters merged into the weights they
-  // adapt (W + alpha / rank * B A, in float32 then the weights' dtype): a
-  // full checkpoint in transformers' layout. Without adapters the same as
-  // save_hf_checkpoint.
-  void save_hf_merged_checkpoint(const std::string& dir,
-                                 int64_t max_shard_bytes = 5'000'000'000,
-                                 std::optional<at::ScalarType> dtype = std::nullopt);
+  // The source's tokenizer files and generation_config.json come along
+  // (or one made from config.json). With LoRA adapters only they are written,
+  // in PEFT's layout. Not an HfModel: InvalidArgumentError. Collective.
   void save_hf_checkpoint(const std::string& dir, int64_t max_shard_bytes = 5'000'000'000,
                           std::optional<at::ScalarType> dtype = std::nullopt);
+  // As save_hf_checkpoint, LoRA adapters merged in (W + alpha / rank * B A).
+  void save_hf_merged_checkpoint(const std::string& dir, int64_t max_shard_bytes = 5'000'000'000,
+                                 std::optional<at::ScalarType> dtype = std::nullopt);
 
   // Model, optimizer and step counters, written atomically in
   // options().checkpoint_format (see core/checkpoint/*_checkpoint.h). Every

@@ -19,10 +19,10 @@ namespace strategy {
 
 // A model's LoRA adapters, as PEFT's adapter_config.json describes them.
 struct HfLora {
-  int64_t rank = 0;  // 0: the model has no adapters
-  double alpha = 0;
-  double dropout = 0;
-  std::vector<std::string> target_modules;
+  int64_t rank = 0;    // 0: the model has no adapters
+  double alpha = 0;    // the update is scaled by alpha / rank
+  double dropout = 0;  // on the adapters' input while training
+  std::vector<std::string> target_modules;  // the projections adapted (q_proj, ...)
 };
 
 // The interface a Hugging Face-backed TrainingModule also implements (see

@@ -59,8 +59,10 @@ at::Tensor MapTokenWindows(const std::string& path, const TokenDatasetOptions& o
 // in [begin_fraction, end_fraction) of tokens, labels and segments, int32
 // [rows, seq_len] over read-only mappings.
 struct PreparedDataset {
-  at::Tensor tokens, labels, segments;
-  int64_t seq_len = 0;
+  at::Tensor tokens;    // input token ids
+  at::Tensor labels;    // shifted targets, -100 where nothing is learned
+  at::Tensor segments;  // each token's document in its row, -1 for padding
+  int64_t seq_len = 0;  // tokens per row
 };
 
 // Whether `path` is a directory holding a prepared dataset's meta.json.

@@ -38,4 +38,5 @@ with fsdp2.FSDP2Strategy(precision="fp32", seed=1, frozen_params=["model.embed_t
     for name, frozen in [("model.embed_tokens.weight", True), ("model.layers.0.mlp.down_proj.weight", False)]:
         assert np.array_equal(s.get_parameter(name), W[name]) == frozen, name  # collective
     s.save_hf("tuned")  # AutoModelForCausalLM.from_pretrained("tuned") loads it
-    assert s.rank != 0 or sorted(os.listdir("tuned")) == ["config.json", "model.safetensors"]
+    assert s.rank != 0 or sorted(os.listdir("tuned")) == [
+        "config.json", "generation_config.json", "model.safetensors"]

@@ -133,7 +133,13 @@ def reference(path, data_path, out_path, frozen):
 
 
 def layout(path):
-    names = sorted(os.listdir(path))
+    # A save also writes generation_config.json (from config.json, or the
+    # source's copy) and copies the source's tokenizer files, if any.
+    assert os.path.isfile(os.path.join(path, "generation_config.json")), path
+    companions = {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt",
+                  "added_tokens.json", "chat_template.jinja", "chat_template.json"}
+    names = sorted(n for n in os.listdir(path) if n not in companions)
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
