@@ -14,6 +14,7 @@
 #include "core/models/mlp_module.h"
 #include "core/models/model_size.h"
 #include "core/strategy/hf_model.h"
+#include "core/strategy/option_table.h"
 
 namespace fsdp2 {
 namespace models {
@@ -44,14 +45,8 @@ void ReadSizes(const nlohmann::json& config, const std::string& family,
 
 // "q_proj,v_proj" or ["q_proj", "v_proj"]: LoRA's target module names.
 std::vector<std::string> ParseLoraTargets(const nlohmann::json& value) {
+  if (value.is_string()) return strategy::SplitNames(value.get<std::string>());
   std::vector<std::string> names;
-  if (value.is_string()) {
-    std::stringstream in(value.get<std::string>());
-    for (std::string name; std::getline(in, name, ',');) {
-      if (!name.empty()) names.push_back(name);
-    }
-    return names;
-  }
   for (const auto& v : value) {
     if (!v.is_string()) {
       throw InvalidArgumentError("model \"hf\": lora_target_modules must hold names, got " +

@@ -75,19 +75,32 @@ class LoraFactorImpl : public torch::nn::Module {
 TORCH_MODULE(LoraFactor);
 
 // linear(x) through tp::forward, plus (alpha / rank) * B A dropout(x) when
-// the projection has adapters (LlamaForCausalLMImpl::add_lora).
+// the projection has adapters: its only children, lora_A then lora_B
+// (LlamaForCausalLMImpl::add_lora). children() of a plain projection is an
+// empty vector, so the check costs no allocation on the hot path.
 at::Tensor Project(const torch::nn::Linear& linear, const at::Tensor& x) {
   at::Tensor y = tp::forward(linear, x);
-  const auto children = linear->named_children();
-  const auto* a = children.find("lora_A");
-  if (a == nullptr) return y;
-  const auto* lora_a = (*a)->as<LoraFactorImpl>();
-  const auto* lora_b = children["lora_B"]->as<LoraFactorImpl>();
+  const auto children = linear->children();
+  if (children.empty()) return y;
+  const auto* lora_a = children.at(0)->as<LoraFactorImpl>();
+  const auto* lora_b = children.at(1)->as<LoraFactorImpl>();
   at::Tensor in = x;
   if (lora_a->dropout > 0 && linear->is_training()) {
     in = F::dropout(in, F::DropoutFuncOptions().p(lora_a->dropout).training(true));
   }
   return y + F::linear(F::linear(in, lora_a->weight), lora_b->weight) * lora_a->scaling;
+}
+
+// [B, T] true where a new run of equal segment values starts (column 0
+// always).
+at::Tensor RunStarts(const at::Tensor& segments) {
+  const int64_t T = segments.size(1);
+  at::Tensor starts = at::ones_like(segments, segments.options().dtype(at::kBool));
+  if (T > 1) {
+    starts.narrow(1, 1, T - 1)
+        .copy_(segments.narrow(1, 1, T - 1).ne(segments.narrow(1, 0, T - 1)));
+  }
+  return starts;
 }
 
 // [B, T, heads * hd] -> [B, heads, T, hd].
@@ -249,28 +262,25 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens, const at::Ten
   return F::linear(x, model->embed_tokens->weight);
 }
 
-const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
-  return lm_head ? lm_head->weight : model->embed_tokens->weight;
-}
-
 at::Tensor LlamaForCausalLMImpl::hidden(const at::Tensor& tokens, const at::Tensor& segments) {
   at::Tensor x = model->embed_tokens->forward(tokens);
   auto rotary = RotaryTables(config_, tokens.size(1), x.scalar_type(), x.device());
   AttentionMask mask;
   if (segments.defined()) {
+    const int64_t B = tokens.size(0), T = tokens.size(1);
     if (!segments.sizes().equals(tokens.sizes())) {
-      throw InvalidArgumentError("Llama: segments [" + std::to_string(segments.size(0)) +
-                                 ", ...] must have the shape of tokens");
+      throw InvalidArgumentError("Llama: segments must have the shape of tokens [" +
+                                 std::to_string(B) + ", " + std::to_string(T) + "]");
     }
     // Each row's positions restart at its documents' starts: the tables'
     // rows gathered per token, [B, 1, T, head_dim] for the heads.
-    const at::Tensor positions = SegmentPositions(segments.to(x.device()));
-    const int64_t B = tokens.size(0), T = tokens.size(1);
+    const at::Tensor on_device = segments.to(x.device());
+    const at::Tensor positions = SegmentPositions(on_device);
     auto per_row = [&](const at::Tensor& table) {
       return table.index_select(0, positions.reshape({-1})).view({B, T, -1}).unsqueeze(1);
     };
     rotary = {per_row(rotary.first), per_row(rotary.second)};
-    mask = SegmentMask(segments.to(x.device()));
+    mask = SegmentMask(on_device);
   }
   for (size_t i = 0; i < model->layers->size(); ++i) {
     x = fsdp::forward(layer(i), x, rotary.first, rotary.second, mask);
@@ -280,25 +290,7 @@ at::Tensor LlamaForCausalLMImpl::hidden(const at::Tensor& tokens, const at::Tens
 
 void LlamaForCausalLMImpl::add_lora(const LoraOptions& lora) {
   if (lora_.rank > 0) throw InvalidArgumentError("LoRA: the model has adapters already");
-  if (lora.rank < 1 || !(lora.alpha > 0) || !(lora.dropout >= 0 && lora.dropout < 1)) {
-    throw InvalidArgumentError("LoRA: lora_rank (" + std::to_string(lora.rank) +
-                               ") must be at least 1, lora_alpha (" +
-                               std::to_string(lora.alpha) + ") positive and lora_dropout (" +
-                               std::to_string(lora.dropout) + ") in [0, 1)");
-  }
-  if (lora.target_modules.empty()) {
-    throw InvalidArgumentError("LoRA: lora_target_modules is empty (known: q_proj, k_proj, "
-                               "v_proj, o_proj, gate_proj, up_proj, down_proj)");
-  }
-  for (const std::string& t : lora.target_modules) {
-    const auto& known = LoraTargetNames();
-    if (std::find(known.begin(), known.end(), t) == known.end()) {
-      throw InvalidArgumentError("LoRA: lora_target_modules names \"" + t +
-                                 "\", which is no module of the Llama family's decoder "
-                                 "layers (known: q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                                 "up_proj, down_proj)");
-    }
-  }
+  CheckLora(lora);
   for (const at::Tensor& p : parameters()) p.set_requires_grad(false);
   for (size_t i = 0; i < model->layers->size(); ++i) {
     LlamaDecoderLayer l = layer(i);
@@ -309,7 +301,7 @@ void LlamaForCausalLMImpl::add_lora(const LoraOptions& lora) {
         {"down_proj", l->mlp->down_proj}};
     for (const std::string& t : lora.target_modules) {
       torch::nn::Linear linear = projections.at(t);
-      if (linear->named_children().contains("lora_A")) continue;  // named twice
+      if (!linear->children().empty()) continue;  // named twice
       const int64_t in = linear->weight.size(1), out = linear->weight.size(0);
       // Built as the base weights were (float32, or deferred under
       // tensor_init_context()); a later Module::to converts them alike.
@@ -357,18 +349,13 @@ tp::TensorParallelPlan LlamaForCausalLMImpl::tensor_parallel_plan(int tp_size) c
 
 at::Tensor SegmentPositions(const at::Tensor& segments) {
   at::NoGradGuard no_grad;
-  const int64_t T = segments.size(1);
-  const at::Tensor index = at::arange(T, segments.options().dtype(at::kLong))
+  const at::Tensor index = at::arange(segments.size(1), segments.options().dtype(at::kLong))
                                .unsqueeze(0)
                                .expand(segments.sizes());
-  // Where a new run starts (column 0 always), the start index there; a
-  // running maximum carries it along the run.
-  at::Tensor starts = at::ones_like(segments, segments.options().dtype(at::kBool));
-  if (T > 1) {
-    starts.narrow(1, 1, T - 1)
-        .copy_(segments.narrow(1, 1, T - 1).ne(segments.narrow(1, 0, T - 1)));
-  }
-  const at::Tensor start = std::get<0>(at::cummax(index * starts.to(at::kLong), 1));
+  // The start index where a run starts; a running maximum carries it along
+  // the run.
+  const at::Tensor start =
+      std::get<0>(at::cummax(index * RunStarts(segments).to(at::kLong), 1));
   return index - start;
 }
 
@@ -376,14 +363,30 @@ AttentionMask SegmentMask(const at::Tensor& segments) {
   at::NoGradGuard no_grad;
   // Run ids rather than the values, so two documents with equal ids that
   // are not neighbours stay apart.
-  const int64_t T = segments.size(1);
-  at::Tensor starts = at::zeros_like(segments, segments.options().dtype(at::kLong));
-  if (T > 1) {
-    starts.narrow(1, 1, T - 1)
-        .copy_(segments.narrow(1, 1, T - 1).ne(segments.narrow(1, 0, T - 1)));
-  }
-  const at::Tensor run = starts.cumsum(1);
+  const at::Tensor run = RunStarts(segments).to(at::kLong).cumsum(1);
   return {run.unsqueeze(2).eq(run.unsqueeze(1)).unsqueeze(1)};
+}
+
+void CheckLora(const LoraOptions& lora) {
+  if (lora.rank < 1 || !(lora.alpha > 0) || !(lora.dropout >= 0 && lora.dropout < 1)) {
+    throw InvalidArgumentError("LoRA: lora_rank (" + std::to_string(lora.rank) +
+                               ") must be at least 1, lora_alpha (" +
+                               std::to_string(lora.alpha) + ") positive and lora_dropout (" +
+                               std::to_string(lora.dropout) + ") in [0, 1)");
+  }
+  if (lora.target_modules.empty()) {
+    throw InvalidArgumentError("LoRA: lora_target_modules is empty (known: q_proj, k_proj, "
+                               "v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  }
+  const auto& known = LoraTargetNames();
+  for (const std::string& t : lora.target_modules) {
+    if (std::find(known.begin(), known.end(), t) == known.end()) {
+      throw InvalidArgumentError("LoRA: lora_target_modules names \"" + t +
+                                 "\", which is no module of the Llama family's decoder "
+                                 "layers (known: q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                                 "up_proj, down_proj)");
+    }
+  }
 }
 
 const std::vector<std::string>& LoraTargetNames() {

@@ -149,8 +149,6 @@ class LlamaForCausalLMImpl : public torch::nn::Module,
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& segments = at::Tensor());
   // The final hidden states [B, T, hidden] (forward without the LM head).
   at::Tensor hidden(const at::Tensor& tokens, const at::Tensor& segments = at::Tensor());
-  // The LM head's weight (the embedding's when tied).
-  const at::Tensor& head_weight() const;
 
   // Adds LoRA adapters (LoraOptions) to the decoder layers and freezes
   // every other parameter. Call once, before the model is sharded or
@@ -189,6 +187,10 @@ AttentionMask SegmentMask(const at::Tensor& segments);
 // The projections LoRA may target: q_proj, k_proj, v_proj, o_proj,
 // gate_proj, up_proj, down_proj.
 const std::vector<std::string>& LoraTargetNames();
+// Throws InvalidArgumentError naming what is wrong unless `lora` is valid
+// adapters: rank >= 1, alpha > 0, dropout in [0, 1), targets known and
+// not none (what add_lora checks, for front ends to check early).
+void CheckLora(const LoraOptions& lora);
 
 // The rotary tables of positions 0..T-1 for `config`: {cos, sin}, each
 // [T, head_dim] in `dtype` on `device`, computed in float32 (float64 for

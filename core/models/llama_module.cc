@@ -105,11 +105,7 @@ at::Tensor LlamaModule::logits(const at::Tensor& tokens, const at::Tensor& segme
     throw InvalidArgumentError("LlamaModule: a token id is outside [0, " +
                                std::to_string(vocab) + ") (vocab_size)");
   }
-  if (segments.defined() && !segments.sizes().equals(t.sizes())) {
-    throw InvalidArgumentError("LlamaModule: segments must have the shape of tokens [" +
-                               std::to_string(t.size(0)) + ", " + std::to_string(t.size(1)) +
-                               "]");
-  }
+  // The model checks the segments' shape.
   return fsdp::forward(model_, t, segments.defined() ? segments.to(at::kLong) : segments);
 }
 

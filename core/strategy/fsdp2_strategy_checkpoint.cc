@@ -52,29 +52,6 @@ void FSDP2Strategy::load_model_state_dict(const std::string& safetensors_path, b
 }
 
 namespace {
-bool IsLoraName(const std::string& name);
-}  // namespace
-
-void FSDP2Strategy::load_hf_weights() {
-  const auto* hf = dynamic_cast<const HfModel*>(module_.get());
-  if (hf == nullptr || hf->hf_weights_path().empty()) return;
-  // LoRA adapters are not in the base checkpoint: they keep their draw.
-  std::function<bool(const std::string&)> keep;
-  if (hf->hf_lora().rank > 0) keep = IsLoraName;
-  checkpoint::LoadHfWeights(hf->hf_weights_path(), *module_->module(), *world_, keep);
-}
-
-void FSDP2Strategy::save_hf_checkpoint(const std::string& dir, int64_t max_shard_bytes,
-                                       std::optional<at::ScalarType> dtype) {
-  save_hf(dir, max_shard_bytes, dtype, /*merged=*/false);
-}
-
-void FSDP2Strategy::save_hf_merged_checkpoint(const std::string& dir, int64_t max_shard_bytes,
-                                              std::optional<at::ScalarType> dtype) {
-  save_hf(dir, max_shard_bytes, dtype, /*merged=*/true);
-}
-
-namespace {
 
 bool IsLoraName(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos ||
@@ -117,6 +94,25 @@ std::string AdapterConfigJson(const HfLora& lora, const std::string& base) {
 }
 
 }  // namespace
+
+void FSDP2Strategy::load_hf_weights() {
+  const auto* hf = dynamic_cast<const HfModel*>(module_.get());
+  if (hf == nullptr || hf->hf_weights_path().empty()) return;
+  // LoRA adapters are not in the base checkpoint: they keep their draw.
+  std::function<bool(const std::string&)> keep;
+  if (hf->hf_lora().rank > 0) keep = IsLoraName;
+  checkpoint::LoadHfWeights(hf->hf_weights_path(), *module_->module(), *world_, keep);
+}
+
+void FSDP2Strategy::save_hf_checkpoint(const std::string& dir, int64_t max_shard_bytes,
+                                       std::optional<at::ScalarType> dtype) {
+  save_hf(dir, max_shard_bytes, dtype, /*merged=*/false);
+}
+
+void FSDP2Strategy::save_hf_merged_checkpoint(const std::string& dir, int64_t max_shard_bytes,
+                                              std::optional<at::ScalarType> dtype) {
+  save_hf(dir, max_shard_bytes, dtype, /*merged=*/true);
+}
 
 void FSDP2Strategy::save_hf(const std::string& dir, int64_t max_shard_bytes,
                             std::optional<at::ScalarType> dtype, bool merged) {

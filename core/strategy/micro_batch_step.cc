@@ -21,17 +21,16 @@ MicroBatchStepResult MicroBatchStep(FSDP2Strategy& strategy, int num_micro_batch
   }
   // Per-item weights (TrainingModule::loss_items): micro-batch i's mean
   // loss counts items_i / global items, times the data-parallel size that
-  // the gradients' mean over ranks divides by again.
-  // Whether the module counts items is a property of the module, the same
-  // on every rank, so only counting modules pay for the reduction below.
-  std::vector<int64_t> items(k, -1);
-  bool weighted = true;
-  for (int i = 0; i < k && weighted; ++i) {
-    items[i] = strategy.module().loss_items(micro_batch(i).batch);
-    weighted = items[i] >= 0;
-  }
+  // the gradients' mean over ranks divides by again. Whether the module
+  // counts items is a property of the module, the same on every rank, so
+  // only counting modules pay for the reduction (and for asking for the
+  // micro-batches after the first a second time); the first is kept.
+  MicroBatch first = micro_batch(0);
+  std::vector<int64_t> items(k, strategy.module().loss_items(first.batch));
+  const bool weighted = items[0] >= 0;
   double global_items = 0;
   if (weighted) {
+    for (int i = 1; i < k; ++i) items[i] = strategy.module().loss_items(micro_batch(i).batch);
     const int64_t local = std::accumulate(items.begin(), items.end(), int64_t{0});
     global_items = strategy.reduce(at::scalar_tensor(static_cast<double>(local), at::kDouble),
                                    /*mean=*/false)
@@ -40,19 +39,22 @@ MicroBatchStepResult MicroBatchStep(FSDP2Strategy& strategy, int num_micro_batch
   const double dp = strategy.data_parallel_size();
   double loss_sum = 0;
   for (int i = 0; i < k; ++i) {
-    const MicroBatch micro = micro_batch(i);
+    const MicroBatch micro = i == 0 ? std::move(first) : micro_batch(i);
     at::Tensor loss = strategy.training_step(micro.batch, micro.batch_idx);
-    const double weight = !weighted          ? 1.0 / k
-                          : global_items > 0 ? items[i] * dp / global_items
-                                             : 0.0;
     // The last backward knows the clipping to come (cpu_offload steps
     // during it when there is none).
+    if (!weighted) {
+      strategy.backward(loss / k, /*sync_gradients=*/i == k - 1, gradient_clip_val);
+      loss_sum += loss.item<double>();
+      continue;
+    }
+    const double weight = global_items > 0 ? items[i] * dp / global_items : 0.0;
     strategy.backward(loss * weight, /*sync_gradients=*/i == k - 1, gradient_clip_val);
     if (weight != 0) loss_sum += loss.item<double>() * weight;
   }
   MicroBatchStepResult result;
   result.grad_norm = strategy.optimizer_step(gradient_clip_val);
-  result.local_loss = loss_sum;
+  result.local_loss = weighted ? loss_sum : loss_sum / k;
   return result;
 }
 

@@ -43,7 +43,9 @@ struct MicroBatchStepResult {
 
 // Takes one optimizer step over `num_micro_batches` micro-batches, asking
 // `micro_batch(i)` for each when it is needed (so only one is held at a
-// time). Throws InvalidArgumentError when num_micro_batches < 1.
+// time; a module that counts loss items has micro-batches 1..k-1 asked for
+// twice, once to count them before the first backward). Throws
+// InvalidArgumentError when num_micro_batches < 1.
 MicroBatchStepResult MicroBatchStep(FSDP2Strategy& strategy, int num_micro_batches,
                                     const std::function<MicroBatch(int)>& micro_batch,
                                     double gradient_clip_val = 0);

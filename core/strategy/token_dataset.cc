@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -30,12 +31,14 @@ at::ScalarType ScalarTypeOf(TokenType type) {
   throw InvalidArgumentError("unknown token type");
 }
 
-// The file's size in bytes, from an open descriptor that closes with it.
+// An open descriptor that closes with it; `what` names the file in errors
+// ("token file").
 class ReadOnlyFile {
  public:
-  explicit ReadOnlyFile(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  ReadOnlyFile(const std::string& path, const std::string& what)
+      : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
     if (fd_ < 0) {
-      const std::string message = "cannot open token file " + path + ": " + std::strerror(errno);
+      const std::string message = "cannot open " + what + " " + path + ": " + std::strerror(errno);
       if (errno == ENOENT) throw NotFoundError(message);
       throw IoError(message);
     }
@@ -48,6 +51,37 @@ class ReadOnlyFile {
  private:
   int fd_;
 };
+
+// The whole file at `path` as bytes [size], over a private read-only
+// mapping that lives as long as any tensor viewing it (an empty tensor for
+// an empty file). Throws NotFoundError / IoError naming `what` and path.
+at::Tensor MapBytes(const std::string& path, const std::string& what) {
+  ReadOnlyFile file(path, what);
+  struct stat st;
+  if (::fstat(file.fd(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    throw IoError(what + " " + path + " is not a regular file");
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  if (bytes == 0) return at::empty({0}, at::kByte);
+  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+  if (map == MAP_FAILED) throw IoError("cannot map " + what + " " + path);
+  return at::from_blob(
+      map, {static_cast<int64_t>(bytes)}, [bytes](void* p) { ::munmap(p, bytes); },
+      at::TensorOptions().dtype(at::kByte));
+}
+
+void CheckFractions(double begin, double end) {
+  if (!(begin >= 0 && begin < end && end <= 1)) {
+    throw InvalidArgumentError("need 0 <= begin_fraction < end_fraction <= 1");
+  }
+}
+
+// [first, last) of `rows` for the fractions.
+std::pair<int64_t, int64_t> FractionRows(int64_t rows, double begin, double end) {
+  CheckFractions(begin, end);
+  return {static_cast<int64_t>(std::floor(begin * rows)),
+          static_cast<int64_t>(std::floor(end * rows))};
+}
 
 }  // namespace
 
@@ -62,66 +96,34 @@ int64_t TokenSize(TokenType type) {
 
 at::Tensor MapTokenWindows(const std::string& path, const TokenDatasetOptions& o) {
   if (o.block_size < 1) throw InvalidArgumentError("block_size must be positive");
-  if (!(o.begin_fraction >= 0 && o.begin_fraction < o.end_fraction && o.end_fraction <= 1)) {
-    throw InvalidArgumentError("need 0 <= begin_fraction < end_fraction <= 1");
-  }
-  ReadOnlyFile file(path);
-  struct stat st;
-  if (::fstat(file.fd(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    throw IoError("token file " + path + " is not a regular file");
-  }
-  const size_t bytes = static_cast<size_t>(st.st_size);
-  const size_t item = static_cast<size_t>(TokenSize(o.token_type));
-  if (bytes % item != 0) {
-    throw IoError("token file " + path + " has " + std::to_string(bytes) +
+  CheckFractions(o.begin_fraction, o.end_fraction);  // before the file is opened
+  const at::Tensor bytes = MapBytes(path, "token file");
+  const int64_t item = TokenSize(o.token_type);
+  if (bytes.numel() % item != 0) {
+    throw IoError("token file " + path + " has " + std::to_string(bytes.numel()) +
                   " bytes, not a multiple of the token size " + std::to_string(item));
   }
-  const int64_t tokens = static_cast<int64_t>(bytes / item);
+  const at::Tensor all = bytes.view(ScalarTypeOf(o.token_type));
   const int64_t window = o.block_size + 1;
-  const int64_t all_rows = tokens / window;
-  const int64_t first = static_cast<int64_t>(std::floor(o.begin_fraction * all_rows));
-  const int64_t last = static_cast<int64_t>(std::floor(o.end_fraction * all_rows));
-  if (bytes == 0 || last <= first) {
-    return at::empty({0, window}, at::TensorOptions().dtype(ScalarTypeOf(o.token_type)));
-  }
-  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, file.fd(), 0);
-  if (map == MAP_FAILED) throw IoError("cannot map token file " + path);
-  at::Tensor all = at::from_blob(
-      map, {tokens}, [bytes](void* p) { ::munmap(p, bytes); },
-      at::TensorOptions().dtype(ScalarTypeOf(o.token_type)));
-  return all.narrow(0, 0, all_rows * window).view({all_rows, window}).narrow(0, first, last - first);
+  const int64_t all_rows = all.numel() / window;
+  const auto [first, last] = FractionRows(all_rows, o.begin_fraction, o.end_fraction);
+  return all.narrow(0, 0, all_rows * window)
+      .view({all_rows, window})
+      .narrow(0, first, std::max<int64_t>(last - first, 0));
 }
 
 namespace {
 
-// [first, last) of `rows` for the fractions.
-std::pair<int64_t, int64_t> FractionRows(int64_t rows, double begin, double end) {
-  if (!(begin >= 0 && begin < end && end <= 1)) {
-    throw InvalidArgumentError("need 0 <= begin_fraction < end_fraction <= 1");
-  }
-  return {static_cast<int64_t>(std::floor(begin * rows)),
-          static_cast<int64_t>(std::floor(end * rows))};
-}
-
 // `path`'s `count` int32 values, mapped read-only (IoError naming it when
 // its size differs).
 at::Tensor MapInt32(const std::string& path, int64_t count) {
-  ReadOnlyFile file(path);
-  struct stat st;
-  if (::fstat(file.fd(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    throw IoError("prepared dataset file " + path + " is not a regular file");
-  }
-  const size_t bytes = static_cast<size_t>(st.st_size);
-  if (bytes != static_cast<size_t>(count) * 4) {
-    throw IoError("prepared dataset file " + path + " has " + std::to_string(bytes) +
+  const at::Tensor bytes = MapBytes(path, "prepared dataset file");
+  if (bytes.numel() != count * 4) {
+    throw IoError("prepared dataset file " + path + " has " + std::to_string(bytes.numel()) +
                   " bytes; meta.json's rows x seq_len int32 values are " +
                   std::to_string(count * 4) + " (an interrupted or mixed preparation?)");
   }
-  if (count == 0) return at::empty({0}, at::kInt);
-  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, file.fd(), 0);
-  if (map == MAP_FAILED) throw IoError("cannot map prepared dataset file " + path);
-  return at::from_blob(map, {count}, [bytes](void* p) { ::munmap(p, bytes); },
-                       at::TensorOptions().dtype(at::kInt));
+  return bytes.view(at::kInt);
 }
 
 }  // namespace
