@@ -117,23 +117,13 @@ const char* kUsage =
   std::exit(2);
 }
 
-// --lora-target-modules split at commas.
-std::vector<std::string> LoraTargets(const Flags& f) {
-  std::vector<std::string> names;
-  std::stringstream in(f.lora_target_modules);
-  for (std::string name; std::getline(in, name, ',');) {
-    if (!name.empty()) names.push_back(name);
-  }
-  return names;
-}
-
 // The LoRA options of the flags (rank 0: none).
 models::LoraOptions Lora(const Flags& f) {
   models::LoraOptions lora;
   lora.rank = f.lora_rank;
   lora.alpha = f.lora_alpha;
   lora.dropout = f.lora_dropout;
-  lora.target_modules = LoraTargets(f);
+  lora.target_modules = strategy::SplitNames(f.lora_target_modules);
   return lora;
 }
 
@@ -314,18 +304,13 @@ Flags ParseFlags(int argc, char** argv) {
   if (f.lora_rank != 0 && f.hf_model.empty()) Fail("--lora-rank needs --hf-model");
   if (f.lora_rank < 0) Fail("--lora-rank must be 0 (no LoRA) or positive");
   if (f.lora_rank > 0) {
-    if (!(f.lora_alpha > 0)) Fail("--lora-alpha must be positive");
-    if (!(f.lora_dropout >= 0 && f.lora_dropout < 1)) Fail("--lora-dropout must be in [0, 1)");
-    const auto targets = LoraTargets(f);
-    if (targets.empty()) Fail("--lora-target-modules names no module");
-    for (const std::string& t : targets) {
-      const auto& known = models::LoraTargetNames();
-      if (std::find(known.begin(), known.end(), t) == known.end()) {
-        Fail("--lora-target-modules: '" + t + "' names no module of the Llama family's decoder "
-             "layers (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
-      }
+    try {
+      models::CheckLora(Lora(f));  // what the model would refuse, refused now
+    } catch (const std::exception& e) {
+      Fail(std::string("--lora-*: ") + e.what());
     }
   }
+
   try {
     checkpoint::ParseShardSize(f.save_hf_shard_size);  // refused now, not after training
   } catch (const std::exception& e) {
@@ -457,17 +442,18 @@ std::pair<strategy::Batch, strategy::Batch> Windows(const Flags& f, at::Tensor t
 }
 
 // A dataset of fsdp2.prepare_data: its rows {tokens, targets, segments}
-// (int32 views of the mapped files), the last 5% (at least one row) held
-// out for validation.
-std::pair<strategy::Batch, strategy::Batch> PreparedRows(const Flags& f) {
+// (int32 views of the mapped files), the last 5% and at least one global
+// batch held out for validation.
+std::pair<strategy::Batch, strategy::Batch> PreparedRows(const Flags& f, int64_t global_batch) {
   const strategy::PreparedDataset data = strategy::MapPreparedDataset(f.data);
   const int64_t rows = data.tokens.size(0);
-  if (rows < 2) {
+  const int64_t val_rows = std::max<int64_t>(rows / 20, global_batch);
+  if (rows - val_rows < global_batch) {
     throw std::runtime_error("--data " + f.data + ": a prepared dataset of " +
-                             std::to_string(rows) +
-                             " row(s); training and validation need at least 2");
+                             std::to_string(rows) + " rows; training and validation need a "
+                             "global batch of " + std::to_string(global_batch) +
+                             " rows each (prepare more data or lower --batch-size)");
   }
-  const int64_t val_rows = std::max<int64_t>(rows / 20, 1);
   auto split = [&](int64_t start, int64_t n) {
     return strategy::Batch{data.tokens.narrow(0, start, n), data.labels.narrow(0, start, n),
                            data.segments.narrow(0, start, n)};
@@ -582,10 +568,10 @@ int RunRank(const Flags& f) {
     }
   }
 
-  auto [train_set, val_set] =
-      prepared ? PreparedRows(f) : Windows(f, tokens, config.vocab_size);
-  const int64_t row_tokens = prepared ? train_set[0].size(1) : f.block_size;
   const int64_t global_batch = int64_t{strategy.data_parallel_size()} * f.batch_size;
+  auto [train_set, val_set] =
+      prepared ? PreparedRows(f, global_batch) : Windows(f, tokens, config.vocab_size);
+  const int64_t row_tokens = prepared ? train_set[0].size(1) : f.block_size;
   auto train = strategy.process_dataloader(train_set, global_batch);
   auto val = strategy.process_dataloader(val_set, global_batch);
 
@@ -682,11 +668,11 @@ int RunRank(const Flags& f) {
     std::fflush(stdout);
   }
   trainer.fit(train, &val);
+  std::optional<at::ScalarType> dtype;  // of --save-hf and --save-hf-merged
+  if (f.save_hf_dtype == "bfloat16") dtype = at::kBFloat16;
+  if (f.save_hf_dtype == "float16") dtype = at::kHalf;
+  if (f.save_hf_dtype == "float32") dtype = at::kFloat;
   if (!f.save_hf.empty()) {
-    std::optional<at::ScalarType> dtype;
-    if (f.save_hf_dtype == "bfloat16") dtype = at::kBFloat16;
-    if (f.save_hf_dtype == "float16") dtype = at::kHalf;
-    if (f.save_hf_dtype == "float32") dtype = at::kFloat;
     strategy.save_hf_checkpoint(f.save_hf, checkpoint::ParseShardSize(f.save_hf_shard_size),
                                 dtype);
     if (rank == 0) {
@@ -695,10 +681,6 @@ int RunRank(const Flags& f) {
     }
   }
   if (!f.save_hf_merged.empty()) {
-    std::optional<at::ScalarType> dtype;
-    if (f.save_hf_dtype == "bfloat16") dtype = at::kBFloat16;
-    if (f.save_hf_dtype == "float16") dtype = at::kHalf;
-    if (f.save_hf_dtype == "float32") dtype = at::kFloat;
     strategy.save_hf_merged_checkpoint(
         f.save_hf_merged, checkpoint::ParseShardSize(f.save_hf_shard_size), dtype);
     if (rank == 0) {
